@@ -1,0 +1,103 @@
+"""Assemble a model from a `ModelConfig` (plain PyTorch: no lightning, hydra or wandb needed).
+
+    from src.core.build import ModelConfig, build_model
+    model = build_model(ModelConfig(kind="decoder_only", vocab_size=65, norm="pre", pos="rotary"))
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch import nn
+
+from src.core.config import ModelConfig
+from src.variants.attention import CrossAttention, SelfAttention
+from src.variants.blocks import Block, Stack
+from src.variants.embedding import LMHead, TokenEmbedding
+from src.variants.ffn import make_ffn
+from src.variants.init import deepnorm_constants, init_weights, scale_for_deepnorm
+from src.variants.model import DecoderOnly, EncoderDecoder, EncoderOnly
+from src.variants.norm import make_norm
+from src.variants.pos import (ALiBi, LearnedPosition, NoPosition, PositionalEncoding, RelativeBias, Rotary,
+                              Sinusoidal)
+from src.variants.residual import PLACEMENTS, DeepNorm, Residual
+
+__all__ = ["ModelConfig", "build_model", "count_parameters"]
+
+
+def make_pos(cfg: ModelConfig, causal: bool) -> PositionalEncoding:
+    if cfg.pos == "sinusoidal":
+        return Sinusoidal(cfg.d_model)
+    if cfg.pos == "learned":
+        return LearnedPosition(cfg.max_seq_len, cfg.d_model)
+    if cfg.pos == "relative":
+        return RelativeBias(cfg.n_heads, bidirectional=not causal, num_buckets=cfg.rel_num_buckets,
+                            max_distance=cfg.rel_max_distance)
+    if cfg.pos == "rotary":
+        return Rotary(cfg.head_dim, cfg.rope_base)
+    if cfg.pos == "alibi":
+        return ALiBi(cfg.n_heads)
+    return NoPosition()
+
+
+def make_residual(cfg: ModelConfig, alpha: float) -> Residual:
+    norm = functools.partial(make_norm, cfg.norm_type, cfg.d_model, cfg.norm_eps)
+    if cfg.norm == "deepnorm":
+        return DeepNorm(norm, cfg.dropout, alpha)
+    return PLACEMENTS[cfg.norm](norm, cfg.dropout)
+
+
+def make_stack(cfg: ModelConfig, embed: TokenEmbedding, n_layers: int, causal: bool, cross: bool,
+               alpha: float) -> Stack:
+    attn_dropout = cfg.attn_dropout if cfg.attn_dropout is not None else cfg.dropout
+    emb_dropout = cfg.emb_dropout if cfg.emb_dropout is not None else cfg.dropout
+    attn_args = (cfg.d_model, cfg.n_heads, cfg.kv_heads, attn_dropout, cfg.bias)
+    blocks = [
+        Block(
+            SelfAttention(*attn_args, layer=i),
+            make_ffn(cfg.ffn, cfg.d_model, cfg.d_ff, cfg.dropout, cfg.bias, cfg.gelu_approximate, cfg.gated_d_ff),
+            functools.partial(make_residual, cfg, alpha),
+            CrossAttention(*attn_args, layer=i) if cross else None,
+        )
+        for i in range(n_layers)
+    ]
+    final_norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps) if PLACEMENTS[cfg.norm].final_norm else None
+    stack = Stack(embed, make_pos(cfg, causal), blocks, final_norm, causal, emb_dropout)
+    stack.checkpointing = cfg.activation_checkpointing
+    return stack
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """Validate `cfg` and build the model it describes, initialised by `cfg.init`. The model keeps `cfg` as
+    `model.config`."""
+    cfg.validate()
+    deepnorm = deepnorm_constants(cfg.kind, cfg.n_layers, cfg.decoder_layers)
+    alpha = {name: a if cfg.norm == "deepnorm" else 1.0 for name, (a, _) in deepnorm.items()}
+    tgt_embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.scale_embedding)
+    head = LMHead(cfg.d_model, cfg.vocab_size, cfg.output_bias, tgt_embed if cfg.tie_embeddings else None)
+    stacks: dict[str, Stack]
+    if cfg.kind == "encoder_decoder":
+        src_embed = tgt_embed if cfg.share_src_tgt_embeddings else TokenEmbedding(
+            cfg.src_vocab_size or cfg.vocab_size, cfg.d_model, cfg.scale_embedding)
+        stacks = {
+            "encoder": make_stack(cfg, src_embed, cfg.n_layers, False, False, alpha["encoder"]),
+            "decoder": make_stack(cfg, tgt_embed, cfg.decoder_layers, True, True, alpha["decoder"]),
+        }
+        model: nn.Module = EncoderDecoder(stacks["encoder"], stacks["decoder"], head)
+    elif cfg.kind == "decoder_only":
+        stacks = {"stack": make_stack(cfg, tgt_embed, cfg.n_layers, True, False, alpha["stack"])}
+        model = DecoderOnly(stacks["stack"], head)
+    else:
+        stacks = {"stack": make_stack(cfg, tgt_embed, cfg.n_layers, False, False, alpha["stack"])}
+        model = EncoderOnly(stacks["stack"], head, cfg.d_model, cfg.n_classes, cfg.pooling)
+    init_weights(model, cfg.init, cfg.n_layers)
+    if cfg.norm == "deepnorm":
+        for name, stack in stacks.items():
+            scale_for_deepnorm(stack, deepnorm[name][1])
+    model.config = cfg
+    return model
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Parameters counted once even when shared (tied embeddings)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,1 @@
+"""Swappable Transformer parts in plain PyTorch (no lightning, hydra, omegaconf or wandb imports)."""

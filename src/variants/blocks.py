@@ -1,0 +1,86 @@
+"""A Transformer layer (self-attention, optional cross-attention, FFN, each wrapped by the chosen norm
+placement) and a stack of them with its embedding and positional encoding (Vaswani et al. 2017, figure 1)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from src.variants.attention import AttnContext, CrossAttention, SelfAttention, self_attn_mask
+from src.variants.cache import KVCache
+from src.variants.embedding import TokenEmbedding
+from src.variants.pos.base import PositionalEncoding
+from src.variants.residual import Residual
+
+
+class Block(nn.Module):
+    def __init__(self, self_attn: SelfAttention, ffn: nn.Module, wrap: Callable[[], Residual],
+                 cross_attn: CrossAttention | None = None) -> None:
+        super().__init__()
+        self.self_attn, self.attn_res = self_attn, wrap()
+        self.cross_attn = cross_attn
+        self.cross_res = wrap() if cross_attn is not None else None
+        self.ffn, self.ffn_res = ffn, wrap()
+
+    def forward(self, x: Tensor, ctx: AttnContext, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None) -> Tensor:
+        x = self.attn_res(x, lambda h: self.self_attn(h, ctx))
+        if self.cross_attn is not None:
+            x = self.cross_res(x, lambda h: self.cross_attn(h, memory, memory_mask, ctx.cache))
+        return self.ffn_res(x, self.ffn)
+
+
+class Stack(nn.Module):
+    """Token embedding + absolute positions + dropout, N blocks, and a final norm where the placement wants one.
+
+    `causal` makes self-attention masked (decoders). Tensors: tokens (B, T); pad_mask (B, Tk) True at real
+    tokens, covering cached keys first and then the T new ones; positions (B or 1, T), default consecutive
+    after the cache; memory (B, S, D) and memory_mask (B, S) for cross-attention.
+    """
+
+    def __init__(self, embed: TokenEmbedding, pos: PositionalEncoding, blocks: list[Block],
+                 final_norm: nn.Module | None, causal: bool, emb_dropout: float) -> None:
+        super().__init__()
+        self.embed = embed
+        self.pos = pos
+        self.emb_dropout = nn.Dropout(emb_dropout) if emb_dropout > 0 else nn.Identity()
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm if final_norm is not None else nn.Identity()
+        self.causal = causal
+        self.checkpointing = False  # activation checkpointing: recompute each block in backward
+
+    def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, positions: Tensor | None = None,
+                memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                cache: KVCache | None = None) -> Tensor:
+        t = tokens.shape[1]
+        start = cache.length if cache is not None else 0
+        self._check_lengths(tokens, pad_mask, start)
+        idx = torch.arange(start, start + t, device=tokens.device)
+        if positions is None:
+            positions = idx.unsqueeze(0)  # (1, T)
+        x = self.emb_dropout(self.pos.embed(self.embed(tokens), positions))  # (B, T, D)
+        bias = self.pos.attn_bias(idx, torch.arange(start + t, device=tokens.device))
+        mask, is_causal = self_attn_mask(pad_mask, self.causal, t, start + t, bias, tokens.device)
+        ctx = AttnContext(mask, is_causal, positions, self.pos.rotate_qk, cache)
+        cross_mask = memory_mask[:, None, None, :] if memory_mask is not None else None  # (B, 1, 1, S)
+        for block in self.blocks:
+            if self.checkpointing and self.training:
+                x = checkpoint(block, x, ctx, memory, cross_mask, use_reentrant=False)
+            else:
+                x = block(x, ctx, memory, cross_mask)
+        if cache is not None:
+            cache.advance(t)
+        return self.final_norm(x)
+
+    def _check_lengths(self, tokens: Tensor, pad_mask: Tensor | None, start: int) -> None:
+        total = start + tokens.shape[1]
+        if self.pos.max_len is not None and total > self.pos.max_len:
+            raise ValueError(f"sequence length {total} exceeds the learned position table "
+                             f"(max_seq_len={self.pos.max_len}); raise max_seq_len or use a positional "
+                             f"encoding without a table (sinusoidal, relative, rotary, alibi)")
+        if pad_mask is not None and tuple(pad_mask.shape) != (tokens.shape[0], total):
+            raise ValueError(f"pad_mask has shape {tuple(pad_mask.shape)} but must be (batch, cached + new "
+                             f"tokens) = {(tokens.shape[0], total)}")

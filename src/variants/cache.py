@@ -1,0 +1,49 @@
+"""Key/value cache for incremental decoding (Pope et al. 2022 describe why it pays off).
+
+Self-attention keys and values are written into buffers allocated once for `max_len` tokens, so a decoding
+step costs no reallocation or copy of the history. Cross-attention keys and values are computed once per
+source and kept as they are. `reorder` selects batch rows (beam search).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    def __init__(self, max_len: int) -> None:
+        if max_len < 1:
+            raise ValueError(f"max_len={max_len} must be a positive number of tokens")
+        self.max_len = max_len
+        self.length = 0  # tokens already stored (a Python int: no device sync to read it)
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+        self.cross: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store new (B, Hkv, T, Dh) keys/values after the cached ones; return all keys/values so far."""
+        new = k.shape[2]
+        end = self.length + new
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds max_len={self.max_len} tokens but {end} were requested; "
+                             f"create the cache with a larger max_len")
+        if layer not in self.keys:
+            shape = (k.shape[0], k.shape[1], self.max_len, k.shape[3])
+            self.keys[layer] = torch.empty(shape, dtype=k.dtype, device=k.device)
+            self.values[layer] = torch.empty(shape, dtype=v.dtype, device=v.device)
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, n: int) -> None:
+        """Called by the stack once every layer has appended the step's `n` tokens."""
+        self.length += n
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (in that order), e.g. the surviving beams."""
+        for store in (self.keys, self.values):
+            for layer, buf in store.items():
+                store[layer] = buf.index_select(0, index)
+        self.cross = {layer: (k.index_select(0, index), v.index_select(0, index))
+                      for layer, (k, v) in self.cross.items()}

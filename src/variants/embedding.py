@@ -1,0 +1,39 @@
+"""Token embedding (scaled by sqrt(d_model) as in Vaswani et al. 2017, section 3.4) and the output projection,
+optionally tied to the embedding matrix (Press & Wolf 2017)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, d_model: int, scale: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab_size, d_model))
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.weight)  # (B, T, D)
+        return x * self.scale if self.scale != 1.0 else x
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}, scale={self.scale:.3f}"
+
+
+class LMHead(nn.Module):
+    """Logits over the vocabulary; with `tied_to`, the weight is the embedding matrix itself (one Parameter)."""
+
+    def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_to: TokenEmbedding | None) -> None:
+        super().__init__()
+        if tied_to is None:
+            self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model ** -0.5)
+        else:
+            self.weight = tied_to.weight
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)  # (B, T, V)

@@ -1,0 +1,48 @@
+"""`decoder_only` (Radford et al. 2018, GPT): one causal stack. Sequence-to-sequence data runs through it as a
+prefix LM: source, separator, target in one sequence, with the loss on target tokens only (`pack_prefix_lm`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from src.variants.blocks import Stack
+from src.variants.cache import KVCache
+from src.variants.embedding import LMHead
+
+
+class DecoderOnly(nn.Module):
+    def __init__(self, decoder: Stack, head: LMHead) -> None:
+        super().__init__()
+        self.decoder, self.head = decoder, head
+
+    def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, positions: Tensor | None = None,
+                cache: KVCache | None = None) -> Tensor:
+        """tokens (B, T) -> logits (B, T, V). pad_mask (B, cached + T) True at real tokens."""
+        return self.head(self.decoder(tokens, pad_mask=pad_mask, positions=positions, cache=cache))
+
+
+def pack_prefix_lm(src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor, sep_id: int, pad_id: int,
+                   ignore_index: int = -100) -> tuple[Tensor, Tensor, Tensor]:
+    """Pack right-padded pairs into `src SEP tgt` rows for next-token prediction.
+
+    src (B, S), tgt (B, T) with masks True at real tokens; tgt should end with the end token. Returns
+    tokens (B, L), labels (B, L) (the next token where it is a target token, else ignore_index) and
+    pad_mask (B, L), all right-padded, L = max(real src + 1 + real tgt).
+    """
+    b = src.shape[0]
+    src_len, tgt_len = src_mask.sum(1), tgt_mask.sum(1)  # (B,)
+    total = src_len + 1 + tgt_len
+    width = int(total.max())
+    col = torch.arange(width, device=src.device).expand(b, width)  # (B, L)
+    in_src = col < src_len[:, None]
+    is_sep = col == src_len[:, None]
+    in_tgt = (col > src_len[:, None]) & (col < total[:, None])
+    tokens = torch.full((b, width), pad_id, dtype=src.dtype, device=src.device)
+    tokens[in_src] = src[src_mask]
+    tokens[is_sep] = sep_id
+    tokens[in_tgt] = tgt[tgt_mask]
+    labels = torch.full_like(tokens, ignore_index)
+    predicts_tgt = (col >= src_len[:, None]) & (col < total[:, None] - 1)  # positions whose next token is target
+    labels[:, :-1] = torch.where(predicts_tgt[:, :-1], tokens[:, 1:], labels[:, :-1])
+    return tokens, labels, col < total[:, None]

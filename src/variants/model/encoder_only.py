@@ -1,0 +1,39 @@
+"""`encoder_only` (Devlin et al. 2019, BERT): one bidirectional stack with a token-level head (masked-token
+prediction) and a pooled sequence head (classification): the first token through dense + tanh as BERT does,
+or the mean over real tokens."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from src.variants.blocks import Stack
+from src.variants.embedding import LMHead
+
+
+class EncoderOnly(nn.Module):
+    def __init__(self, encoder: Stack, head: LMHead, d_model: int, n_classes: int, pooling: str) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+        self.pooling = pooling
+        self.pool_proj = nn.Linear(d_model, d_model) if pooling == "cls" else None
+        self.classifier = nn.Linear(d_model, n_classes)
+
+    def encode(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        return self.encoder(tokens, pad_mask=pad_mask)  # (B, T, D)
+
+    def forward(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """Token-level logits (B, T, V)."""
+        return self.head(self.encode(tokens, pad_mask))
+
+    def classify(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """Sequence-level logits (B, n_classes)."""
+        hidden = self.encode(tokens, pad_mask)
+        if self.pool_proj is not None:
+            pooled = torch.tanh(self.pool_proj(hidden[:, 0]))  # (B, D)
+        elif pad_mask is None:
+            pooled = hidden.mean(dim=1)
+        else:
+            weights = pad_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return self.classifier(pooled)

@@ -1,0 +1,36 @@
+"""`alibi` (Press et al. 2022, "Train Short, Test Long"): subtract slope_h * |i - j| from head h's scores.
+
+Slopes are the geometric sequence 2^(-8/n), 2^(-16/n), ... for n heads; when n is not a power of two, the
+paper's recipe takes the slopes of the closest smaller power of two and fills in with every other slope of
+twice that count. In encoders the penalty is symmetric (|i - j|); in causal attention future keys are masked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from src.variants.pos.base import PositionalEncoding
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return power_of_two(n_heads)
+    lower = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(lower) + alibi_slopes(2 * lower)[0::2][: n_heads - lower]
+
+
+class ALiBi(PositionalEncoding):
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
+
+    def attn_bias(self, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+        distance = (k_idx[None, :] - q_idx[:, None]).abs().float()  # (Tq, Tk)
+        return (-self.slopes[:, None, None] * distance).unsqueeze(0)  # (1, H, Tq, Tk)

@@ -1,0 +1,48 @@
+"""`relative` (Raffel et al. 2020, T5): a learned scalar bias per head and per bucket of query-key distance.
+
+Distances below num_buckets/2 (per direction) get a bucket each; longer ones share log-spaced buckets up to
+max_distance. Encoders use bidirectional buckets (half for keys after the query); causal self-attention uses
+only past distances. One table per stack, shared by all its layers, as in T5.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from src.variants.pos.base import PositionalEncoding
+
+
+def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """Map key-minus-query distances to bucket ids in [0, num_buckets)."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets  # keys after the query use the upper half
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)  # only the past counts; future keys are masked anyway
+    exact = num_buckets // 2
+    log_ratio = torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+    far = exact + (log_ratio * (num_buckets - exact)).long()
+    far = far.clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < exact, distance, far)
+
+
+class RelativeBias(PositionalEncoding):
+    def __init__(self, n_heads: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bias = nn.Embedding(num_buckets, n_heads)
+
+    def attn_bias(self, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+        relative = k_idx[None, :] - q_idx[:, None]  # (Tq, Tk)
+        buckets = relative_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
+
+    def extra_repr(self) -> str:
+        return f"bidirectional={self.bidirectional}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
