@@ -24,7 +24,9 @@ POOLINGS = ("cls", "mean")
 def check_choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
     """Raise a ValueError listing the valid options (and the closest one) for an unknown option name."""
     if value not in valid:
-        close = difflib.get_close_matches(str(value), valid, n=1)
+        text = str(value).lower()
+        close = [v for v in valid if text.startswith(v) or v.startswith(text)]
+        close = close or difflib.get_close_matches(text, valid, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"{name}={value!r} is not a known option; valid options: {', '.join(valid)}{hint}")
 
