@@ -1,0 +1,182 @@
+"""Training-step throughput of our decoder-only model against peers, measured in one process, interleaved.
+
+    python bench/train_step.py            # full table (a few minutes on 2 CPU cores)
+    python bench/train_step.py --quick    # fewer rounds
+
+Configuration (GPT sized down, as in nanoGPT's shakespeare_char): decoder-only, pre-norm, learned positions,
+GELU, 6 layers, d_model 384, 6 heads, d_ff 1536, context 256, batch 8, vocabulary 65, fp32, AdamW. One step is
+forward + cross-entropy + backward + AdamW step. Peers (optional `bench` extra): a model built from
+torch.nn.TransformerEncoderLayer, Hugging Face GPT-2 with SDPA, x-transformers. Rounds interleave the models so
+machine load affects all alike; the table gives the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from src.core.build import ModelConfig, build_model, count_parameters  # noqa: E402
+
+V, D, H, L, FF, T, B = 65, 384, 6, 6, 1536, 256, 8
+
+
+def ours(pos: str = "learned") -> nn.Module:
+    return build_model(ModelConfig(kind="decoder_only", vocab_size=V, d_model=D, n_heads=H, n_layers=L, d_ff=FF,
+                                   max_seq_len=T, dropout=0.0, norm="pre", pos=pos, ffn="gelu",
+                                   scale_embedding=False, init="gpt2"))
+
+
+class TorchNNModel(nn.Module):
+    """The same architecture from torch.nn.TransformerEncoderLayer (norm_first, causal mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
+        layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.layers = nn.TransformerEncoder(layer, L, norm=nn.LayerNorm(D), enable_nested_tensor=False)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(T), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))
+        h = self.layers(h, mask=self.causal, is_causal=True)
+        return F.linear(h, self.wte.weight)
+
+
+def hf_gpt2() -> nn.Module | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    cfg = transformers.GPT2Config(vocab_size=V, n_positions=T, n_embd=D, n_layer=L, n_head=H, n_inner=FF,
+                                  activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg._attn_implementation = "sdpa"
+    model = transformers.GPT2LMHeadModel(cfg)
+    return Logits(model)
+
+
+def x_transformers() -> nn.Module | None:
+    try:
+        from x_transformers import Decoder, TransformerWrapper
+    except ImportError:
+        return None
+    return TransformerWrapper(num_tokens=V, max_seq_len=T, attn_layers=Decoder(dim=D, depth=L, heads=H, ff_mult=4,
+                                                                                attn_flash=True))
+
+
+class Logits(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).logits
+
+
+def make_step(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x).view(-1, V), y.view(-1))
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def matmul_gflops(seconds: float = 2.0) -> float:
+    """fp32 matmul rate at the shape of the FFN up-projection (B*T x D) @ (D x FF)."""
+    a, w = torch.randn(B * T, D), torch.randn(D, FF)
+    for _ in range(3):
+        a @ w
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ w
+        n += 1
+    return 2 * B * T * D * FF * n / (time.perf_counter() - start) / 1e9
+
+
+def measure(models: dict[str, nn.Module], rounds: int, steps: int) -> dict[str, float]:
+    """Median tokens/s per model over interleaved rounds of `steps` training steps each."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+    stepper = {name: make_step(m) for name, m in models.items()}
+    for step in stepper.values():  # warm-up: allocator, kernels, optimizer state
+        for _ in range(2):
+            step(x, y)
+    rates: dict[str, list[float]] = {name: [] for name in models}
+    for r in range(rounds):
+        order = list(stepper.items())
+        if r % 2:
+            order.reverse()
+        for name, step in order:
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(x, y)
+            rates[name].append(B * T * steps / (time.perf_counter() - start))
+        print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in models), flush=True)
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def flops_per_token(model: nn.Module) -> float:
+    """6 N (weights, forward + backward) + 6 L T D (attention scores and context, causal half counted fully)."""
+    n = count_parameters(model) - (T * D)  # the position table is a lookup, not a matmul
+    return 6 * n + 12 * L * T * D
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2, help="training steps per model per round")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 1 step")
+    parser.add_argument("--skip-pos", action="store_true", help="skip the positional-encoding table")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 3, 1
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={B} T={T} D={D} H={H} L={L} FF={FF} V={V}")
+    peak = matmul_gflops()
+    print(f"fp32 matmul rate ({B * T}x{D} @ {D}x{FF}): {peak:,.1f} GFLOP/s\n")
+
+    models: dict[str, nn.Module] = {"archsweep": ours(), "torch.nn": TorchNNModel()}
+    for name, factory in (("hf-gpt2-sdpa", hf_gpt2), ("x-transformers", x_transformers)):
+        model = factory()
+        if model is None:
+            print(f"({name} not installed: pip install -e '.[bench]')")
+        else:
+            models[name] = model
+    print("Training step throughput (interleaved rounds):")
+    rates = measure(models, args.rounds, args.steps)
+    fastest_peer = max(r for n, r in rates.items() if n != "archsweep")
+    print(f"\n{'model':<16}{'params':>12}{'tokens/s':>12}{'ms/step':>10}{'GFLOP/s':>10}{'% matmul':>10}"
+          f"{'ours / it':>11}")
+    for name, rate in rates.items():
+        gflops = rate * flops_per_token(models[name]) / 1e9
+        print(f"{name:<16}{count_parameters(models[name]):>12,}{rate:>12,.0f}{B * T / rate * 1e3:>10.1f}"
+              f"{gflops:>10.1f}{100 * gflops / peak:>9.0f}%{rates['archsweep'] / rate:>11.3f}")
+    print(f"\nours / fastest peer: {rates['archsweep'] / fastest_peer:.3f} (target >= 1.05)")
+
+    if not args.skip_pos:
+        encodings = ["learned", "sinusoidal", "relative", "rotary", "alibi", "none"]
+        print("\nPositional encodings (ours), interleaved:")
+        pos_rates = measure({p: ours(p) for p in encodings}, args.rounds, args.steps)
+        print(f"\n{'pos':<12}{'tokens/s':>12}{'ms/step':>10}{'time vs learned':>17}")
+        for pos, rate in pos_rates.items():
+            print(f"{pos:<12}{rate:>12,.0f}{B * T / rate * 1e3:>10.1f}{pos_rates['learned'] / rate:>16.3f}x")
+        print("target: relative and alibi within 1.3x of learned")
+
+
+if __name__ == "__main__":
+    main()
