@@ -229,3 +229,18 @@ def test_activation_checkpointing_gives_same_gradients(norm):
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only", "encoder_only"])
+@pytest.mark.parametrize("pos", POS_ENCODINGS)
+def test_bf16_autocast_forward_backward_with_padding(kind, pos):
+    model = tiny(kind, pos).train()
+    x = tokens(2, 9)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, 6:] = False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x, x, mask, mask) if kind == "encoder_decoder" else model(x, pad_mask=mask)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert torch.isfinite(y.float()).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
