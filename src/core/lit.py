@@ -1,0 +1,117 @@
+"""The LightningModule: knows no architecture. It receives a built `nn.Module` and the task's function that
+runs it on a batch, and owns the loss, the optimiser, the schedule and the metrics.
+
+The training step avoids host-device synchronisation: losses and norms are logged as tensors (Lightning turns
+them into numbers only on log steps), and accuracy and gradient norm are computed on log steps only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.text import Perplexity
+
+from src.core.optim import make_optimizer, make_scheduler
+from src.core.tasks.base import IGNORE_INDEX
+
+
+def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    digest = hashlib.blake2b(f"{seed}/{step}/{micro}/{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def token_stats(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, T, V), (B, T) -> correct tokens, labelled tokens, whole-row exact matches (B,) as float."""
+    labelled = labels != IGNORE_INDEX
+    hit = (logits.argmax(-1) == labels) & labelled
+    exact = (hit | ~labelled).all(dim=1).float()
+    return hit.sum(), labelled.sum(), exact
+
+
+class EvalMetrics(nn.Module):
+    """Token-weighted loss (NLL, no smoothing), perplexity, token accuracy and exact match for one split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss = MeanMetric()
+        self.ppl = Perplexity(ignore_index=IGNORE_INDEX)
+        self.acc = MeanMetric()
+        self.exact_match = MeanMetric()
+
+    def update(self, logits: Tensor, labels: Tensor) -> None:
+        logits = logits.float()
+        hits, count, exact = token_stats(logits, labels)
+        nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        self.loss.update(nll, count)
+        self.ppl.update(logits, labels)
+        self.acc.update(hits / count.clamp(min=1), count)
+        self.exact_match.update(exact)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [("loss", self.loss), ("ppl", self.ppl), ("acc", self.acc), ("exact_match", self.exact_match)]
+
+
+class LitModel(L.LightningModule):
+    def __init__(self, model: nn.Module, forward_fn: Callable[[nn.Module, dict], Tensor], optim: dict[str, Any],
+                 schedule: dict[str, Any], label_smoothing: float, seed: int, meta: dict[str, Any]) -> None:
+        super().__init__()
+        self.model, self.forward_fn = model, forward_fn
+        self.optim_cfg, self.schedule_cfg = optim, schedule
+        self.label_smoothing, self.seed = label_smoothing, seed
+        self.meta = meta  # resolved config and run identity, stored in every checkpoint
+        self.val_metrics, self.test_metrics = EvalMetrics(), EvalMetrics()
+
+    def forward(self, batch: dict[str, Any]) -> Tensor:
+        return self.forward_fn(self.model, batch)
+
+    def _log_step(self) -> bool:
+        every = self.trainer.log_every_n_steps
+        return every > 0 and (self.global_step + 1) % every == 0
+
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+        # Dropout randomness is a function of (seed, step, rank), so a resumed run draws what an uninterrupted
+        # one would, whatever else consumed random numbers in between (validation, dataloader start-up).
+        micro = batch_idx % self.trainer.accumulate_grad_batches
+        torch.manual_seed(step_seed(self.seed, self.global_step, micro, self.global_rank))
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        logits = self(batch)  # (B, T, V)
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               label_smoothing=self.label_smoothing)
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, batch_size=labels.shape[0])
+        if self._log_step():
+            hits, count, _ = token_stats(logits.detach(), labels)
+            self.log("train/acc", hits / count.clamp(min=1), on_step=True, on_epoch=False)
+            self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._log_step():  # before clipping: the norm the gradient had
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, self.test_metrics, "test")
+
+    def _evaluate(self, batch: dict[str, Any], metrics: EvalMetrics, split: str) -> None:
+        metrics.update(self(batch), batch["labels"])
+        for name, metric in metrics.items():
+            self.log(f"{split}/{name}", metric, on_step=False, on_epoch=True, batch_size=batch["labels"].shape[0])
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = make_optimizer(self.model, self.optim_cfg)
+        scheduler = make_scheduler(optimizer, self.schedule_cfg)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["archsweep"] = {**self.meta, "model_config": self.model.config.to_dict()}

@@ -1,0 +1,84 @@
+"""Who a run is: the option chosen in every config group, its overrides, and from those its W&B name, tags
+and group. Light (Hydra and OmegaConf only), so it runs before the heavy imports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+# overrides that say where or how to log, not what is trained: left out of run names
+NAME_IGNORED = ("ckpt_path", "output_root", "logger", "hydra")
+
+
+@dataclass
+class RunInfo:
+    run_dir: Path
+    choices: dict[str, str | None]  # group -> option, e.g. {"model": "encoder_decoder", "norm": "post", ...}
+    overrides: list[str]  # this job's command-line overrides
+    name: str
+    group: str | None
+    tags: list[str] = field(default_factory=list)
+    multirun: bool = False
+    sweep_dir: Path | None = None
+    job_num: int | None = None
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _named(override: str) -> bool:
+    key = _key(override)
+    return not any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in NAME_IGNORED)
+
+
+def sweep_keys(sweep_dir: Path) -> list[str]:
+    """Keys whose value varies across the sweep: sweep overrides (a,b,c or range) on the command line and
+    `hydra.sweeper.params` (experiment presets), read from the sweep's multirun.yaml."""
+    saved = sweep_dir / "multirun.yaml"
+    if not saved.is_file():
+        return []
+    hydra_cfg = OmegaConf.load(saved).hydra
+    args = list(hydra_cfg.overrides.task)
+    args += [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]
+    parsed = OverridesParser.create().parse_overrides(args)
+    keys: list[str] = []
+    for o in parsed:
+        if o.is_sweep_override() and o.key_or_group not in keys:
+            keys.append(o.key_or_group)
+    return keys
+
+
+def run_info(cfg: DictConfig) -> RunInfo:
+    hc = HydraConfig.get()
+    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
+    overrides = list(hc.overrides.task)
+    multirun = hc.mode == RunMode.MULTIRUN
+    sweep_dir = Path(hc.sweep.dir) if multirun else None
+    named = [o for o in overrides if _named(o)]
+    if multirun:
+        varying = sweep_keys(sweep_dir)
+        named = [o for o in named if _key(o) in varying] or named
+    name = " ".join(named) or "defaults"
+    group = cfg.logger.get("group") or cfg.get("experiment_name")
+    if group is None and multirun:
+        group = f"sweep-{sweep_dir.name}"
+    tags = [f"{g}={o}" for g, o in choices.items() if o is not None and g != "logger"]
+    tags += [str(t) for t in cfg.logger.get("tags") or []]
+    return RunInfo(run_dir=Path(hc.runtime.output_dir), choices=choices, overrides=overrides, name=name,
+                   group=group, tags=tags, multirun=multirun, sweep_dir=sweep_dir,
+                   job_num=hc.job.num if multirun else None)
+
+
+def wandb_config(cfg: DictConfig, info: RunInfo, extra: dict[str, Any]) -> dict[str, Any]:
+    """What W&B's config receives: every group's chosen option as a top-level key (model, norm, pos, ffn, task,
+    ...) for grouping and filtering, the seed, and the whole resolved config under `cfg` (shown as
+    cfg.model.d_model, cfg.optim.lr, ... in the runs table and parallel coordinates)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return {**{g: o for g, o in info.choices.items()}, "seed": cfg.seed, **extra, "cfg": resolved}
