@@ -1,0 +1,68 @@
+"""train.py's command line before training: --help, and configurations refused with a message naming the
+problem, without importing Lightning."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = ["model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "experiment"]
+
+
+def train(*args: str, tmp_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
+    return subprocess.run([sys.executable, "train.py", *args, f"output_root={tmp_path}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_group_and_option(tmp_path):
+    out = train("--help", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for group in GROUPS:
+        options = sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+        assert f"{group}: {', '.join(options)}" in out.stdout
+
+
+REFUSED = [
+    (["model.n_heads=3"], r"n_heads=3 must divide d_model=64"),
+    (["pos=learned", "model.max_seq_len=8"], r"model.max_seq_len=8 is shorter .* set model.max_seq_len>=17"),
+    (["pos=rotary", "model.d_model=60", "model.n_heads=4"], r"pos=rotary needs an even head dimension"),
+    (["model.vocab_size=5"], r"model.vocab_size=5 is smaller than task=reverse's vocabulary \(20\)"),
+    (["+model.n_head=2"], r"unknown model config field\(s\): 'n_head' \(did you mean 'n_heads'\?\)"),
+    (["task.max_len=2"], r"task.max_len=2 must be >= task.min_len=4"),
+    (["optim.lr=-1"], r"optim.lr=-1 must be positive"),
+    (["schedule=cosine", "trainer.max_steps=100", "schedule.warmup_steps=100"],
+     r"schedule.total_steps=100 must exceed schedule.warmup_steps=100"),
+    (["label_smoothing=1.5"], r"label_smoothing=1.5 must be in \[0, 1\)"),
+    (["logger.mode=sometimes"], r"logger.mode='sometimes' is not a known option; valid options: auto, online"),
+    (["trainer.precision=8-mixed"], r"trainer.precision='8-mixed' is not a known precision"),
+    (["trainer.max_steps=0"], r"trainer.max_steps=0 must be a positive integer"),
+    (["ckpt_path=/nonexistent/x.ckpt"], r"ckpt_path=/nonexistent/x.ckpt: no checkpoint file there"),
+    (["ckpt_path=last"], r"ckpt_path=last: no run under .* launched with overrides"),
+    (["norm=prenorm"], r"Could not find 'norm/prenorm'"),  # Hydra lists the available options
+    (["model.d_modle=3"], r"Key 'd_modle' is not in struct"),
+]
+
+
+@pytest.mark.parametrize("args,message", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+def test_bad_config_is_refused_with_a_message(tmp_path, args, message):
+    out = train(*args, tmp_path=tmp_path)
+    assert out.returncode != 0
+    assert re.search(message, out.stderr), out.stderr[-2000:]
+    assert not list(tmp_path.glob("**/checkpoints")), "nothing may be trained"
+
+
+def test_refusal_happens_before_lightning_is_imported(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPROFILEIMPORTTIME": "1"}
+    out = subprocess.run([sys.executable, "train.py", "model.n_heads=3", f"output_root={tmp_path}"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "n_heads=3 must divide" in out.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time")}
+    assert "hydra" in imported
+    assert not {"lightning", "torchmetrics", "wandb", "torch"} & imported
