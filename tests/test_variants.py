@@ -41,12 +41,12 @@ def test_alibi_slopes(n_heads, expected):
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-    bias = ALiBi(4).attn_bias(torch.arange(3), torch.arange(5))  # (1, H, 3, 5)
+    bias = ALiBi(4).attn_bias(3, 5, torch.device("cpu"))  # (1, H, 3, 5): queries at positions 2, 3, 4
     slopes = alibi_slopes(4)
     for h in range(4):
         for i in range(3):
             for j in range(5):
-                assert bias[0, h, i, j].item() == pytest.approx(-slopes[h] * abs(i - j))
+                assert bias[0, h, i, j].item() == pytest.approx(-slopes[h] * abs(i + 2 - j))
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
@@ -91,7 +91,7 @@ def test_learned_position_is_a_table_lookup():
 
 def test_relative_bias_uses_one_table_per_head():
     rel = RelativeBias(n_heads=3, bidirectional=True, num_buckets=8, max_distance=16)
-    bias = rel.attn_bias(torch.arange(4), torch.arange(4))
+    bias = rel.attn_bias(4, 4, torch.device("cpu"))
     assert bias.shape == (1, 3, 4, 4)
     buckets = relative_bucket(torch.arange(4)[None, :] - torch.arange(4)[:, None], True, 8, 16)
     torch.testing.assert_close(bias[0], rel.bias.weight[buckets].permute(2, 0, 1))

@@ -58,11 +58,10 @@ class Stack(nn.Module):
         t = tokens.shape[1]
         start = cache.length if cache is not None else 0
         self._check_lengths(tokens, pad_mask, start)
-        idx = torch.arange(start, start + t, device=tokens.device)
         if positions is None:
-            positions = idx.unsqueeze(0)  # (1, T)
+            positions = torch.arange(start, start + t, device=tokens.device).unsqueeze(0)  # (1, T)
         x = self.emb_dropout(self.pos.embed(self.embed(tokens), positions))  # (B, T, D)
-        bias = self.pos.attn_bias(idx, torch.arange(start + t, device=tokens.device))
+        bias = self.pos.attn_bias(t, start + t, tokens.device)
         mask, is_causal = self_attn_mask(pad_mask, self.causal, t, start + t, bias, tokens.device)
         ctx = AttnContext(mask, is_causal, positions, self.pos.rotate_qk, cache)
         cross_mask = memory_mask[:, None, None, :] if memory_mask is not None else None  # (B, 1, 1, S)

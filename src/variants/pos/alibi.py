@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from src.variants.pos.base import PositionalEncoding
+from src.variants.pos.base import PositionalEncoding, query_key_distance
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -31,6 +31,6 @@ class ALiBi(PositionalEncoding):
         super().__init__()
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
 
-    def attn_bias(self, q_idx: Tensor, k_idx: Tensor) -> Tensor:
-        distance = (k_idx[None, :] - q_idx[:, None]).abs().float()  # (Tq, Tk)
+    def attn_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor:
+        distance = query_key_distance(q_len, k_len, device).abs().float()  # (Tq, Tk)
         return (-self.slopes[:, None, None] * distance).unsqueeze(0)  # (1, H, Tq, Tk)

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from src.variants.pos.base import PositionalEncoding
+from src.variants.pos.base import PositionalEncoding, query_key_distance
 
 
 def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -39,8 +39,8 @@ class RelativeBias(PositionalEncoding):
         self.max_distance = max_distance
         self.bias = nn.Embedding(num_buckets, n_heads)
 
-    def attn_bias(self, q_idx: Tensor, k_idx: Tensor) -> Tensor:
-        relative = k_idx[None, :] - q_idx[:, None]  # (Tq, Tk)
+    def attn_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor:
+        relative = query_key_distance(q_len, k_len, device)  # (Tq, Tk)
         buckets = relative_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
         return self.bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
 
