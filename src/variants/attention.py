@@ -108,9 +108,8 @@ class SelfAttention(Attention):
         self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
-        sizes = [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim]
-        q, k, v = self.qkv_proj(x).split(sizes, dim=-1)
-        q, k, v = self.split_heads(q, self.n_heads), self.split_heads(k, self.n_kv_heads), self.split_heads(v, self.n_kv_heads)
+        qkv = self.split_heads(self.qkv_proj(x), self.n_heads + 2 * self.n_kv_heads)  # (B, H + 2 Hkv, T, Dh)
+        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = ctx.rotate_qk(q, k, ctx.positions)
         if ctx.cache is not None:
             k, v = ctx.cache.append(self.layer, k, v)  # (B, Hkv, cached + T, Dh)
