@@ -209,7 +209,7 @@ def test_grouped_query_attention_equals_mha_with_shared_kv_heads(n_kv_heads):
     mha.load_state_dict({k: v for k, v in gqa.state_dict().items() if "qkv_proj" not in k}, strict=False)
     dh, group = 8, 4 // n_kv_heads
     with torch.no_grad():
-        for src, dst in zip(gqa.decoder.blocks, mha.decoder.blocks):
+        for src, dst in zip(gqa.decoder.blocks, mha.decoder.blocks, strict=True):
             q, k, v = src.self_attn.qkv_proj.weight.split([32, n_kv_heads * dh, n_kv_heads * dh])
             bq, bk, bv = src.self_attn.qkv_proj.bias.split([32, n_kv_heads * dh, n_kv_heads * dh])
             expand = lambda w: w.view(n_kv_heads, dh, *w.shape[1:]).repeat_interleave(group, 0).flatten(0, 1)  # noqa
@@ -228,7 +228,7 @@ def test_activation_checkpointing_gives_same_gradients(norm):
         model = tiny("decoder_only", "rotary", norm=norm, activation_checkpointing=checkpointing).train()
         model(x).sum().backward()
         grads.append([p.grad.clone() for p in model.parameters()])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
 
 

@@ -32,13 +32,13 @@ def copy_linear(ref: nn.Module, ours: nn.Module) -> None:
 
 @torch.no_grad()
 def copy_into_torch_transformer(model, ref: nn.Transformer) -> None:
-    for ref_layer, block in zip(ref.encoder.layers, model.encoder.blocks):
+    for ref_layer, block in zip(ref.encoder.layers, model.encoder.blocks, strict=True):
         copy_self_attn(ref_layer.self_attn, block.self_attn)
         copy_linear(ref_layer.linear1, block.ffn.up_proj)
         copy_linear(ref_layer.linear2, block.ffn.down_proj)
         copy_linear(ref_layer.norm1, block.attn_res.norm)
         copy_linear(ref_layer.norm2, block.ffn_res.norm)
-    for ref_layer, block in zip(ref.decoder.layers, model.decoder.blocks):
+    for ref_layer, block in zip(ref.decoder.layers, model.decoder.blocks, strict=True):
         copy_self_attn(ref_layer.self_attn, block.self_attn)
         copy_cross_attn(ref_layer.multihead_attn, block.cross_attn)
         copy_linear(ref_layer.linear1, block.ffn.up_proj)
@@ -103,7 +103,7 @@ def copy_from_gpt2(ref, ours) -> None:
     t = ref.transformer
     ours.decoder.embed.weight.copy_(t.wte.weight)
     ours.decoder.pos.table.weight.copy_(t.wpe.weight)
-    for block, layer in zip(ours.decoder.blocks, t.h):
+    for block, layer in zip(ours.decoder.blocks, t.h, strict=True):
         block.attn_res.norm.load_state_dict(layer.ln_1.state_dict())
         block.ffn_res.norm.load_state_dict(layer.ln_2.state_dict())
         block.self_attn.qkv_proj.weight.copy_(layer.attn.c_attn.weight.T)

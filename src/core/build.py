@@ -18,8 +18,7 @@ from src.variants.ffn import make_ffn
 from src.variants.init import deepnorm_constants, init_weights, scale_for_deepnorm
 from src.variants.model import DecoderOnly, EncoderDecoder, EncoderOnly
 from src.variants.norm import make_norm
-from src.variants.pos import (ALiBi, LearnedPosition, NoPosition, PositionalEncoding, RelativeBias, Rotary,
-                              Sinusoidal)
+from src.variants.pos import ALiBi, LearnedPosition, NoPosition, PositionalEncoding, RelativeBias, Rotary, Sinusoidal
 from src.variants.residual import PLACEMENTS, DeepNorm, Residual
 
 __all__ = ["ModelConfig", "build_model", "count_parameters"]

@@ -87,7 +87,7 @@ class ModelConfig:
         return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
         """Build from a plain dict (e.g. a checkpoint's config); unknown keys are an error, not ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
@@ -102,7 +102,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def validate(self) -> "ModelConfig":
+    def validate(self) -> ModelConfig:
         check_choice("kind", self.kind, KINDS)
         check_choice("norm", self.norm, NORM_PLACEMENTS)
         check_choice("norm_type", self.norm_type, NORM_TYPES)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.core.config import check_choice
@@ -34,7 +33,7 @@ class DecodingConfig:
     seed: int | None = None  # sample: fixes the random stream
     use_cache: bool = True
 
-    def validate(self) -> "DecodingConfig":
+    def validate(self) -> DecodingConfig:
         check_choice("decoding.strategy", self.strategy, STRATEGIES)
         if self.max_new_tokens < 1:
             raise ValueError(f"decoding.max_new_tokens={self.max_new_tokens} must be at least 1")
@@ -204,7 +203,8 @@ def _beam(model, inputs, mask, cfg, eos_id, pad_id, bos_id) -> Generation:
         history = session.tokens[:, start:].view(b, k, -1)
         chosen = _select(top_scores.tolist(), beams.tolist(), tokens.tolist(), history, finished, done, cfg,
                          eos_id, step)
-        next_scores, next_beams, next_tokens = (torch.tensor(c, device=inputs.device) for c in zip(*chosen))
+        next_scores, next_beams, next_tokens = (torch.tensor(c, device=inputs.device)
+                                                for c in zip(*chosen, strict=True))
         scores = next_scores.view(b, k).float()
         session.reorder((torch.arange(b, device=inputs.device)[:, None] * k + next_beams.view(b, k)).view(-1))
         session.append(next_tokens.view(-1))
@@ -222,7 +222,7 @@ def _select(top_scores, beams, tokens, history, finished, done, cfg, eos_id, ste
             chosen += [(float("-inf"), 0, eos_id)] * k  # keep the slots; they are never read again
             continue
         live = []
-        for rank, (score, beam, token) in enumerate(zip(top_scores[i], beams[i], tokens[i])):
+        for rank, (score, beam, token) in enumerate(zip(top_scores[i], beams[i], tokens[i], strict=True)):
             if token == eos_id:
                 if rank < k and score > float("-inf"):
                     seq = torch.cat([history[i, beam], history.new_tensor([eos_id])])

@@ -3,7 +3,7 @@ placement) and a stack of them with its embedding and positional encoding (Vaswa
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn

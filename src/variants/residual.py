@@ -11,7 +11,7 @@ Every wrapper applies dropout to the sublayer output before the residual add, as
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor, nn
 
