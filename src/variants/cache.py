@@ -32,9 +32,10 @@ class KVCache:
             shape = (k.shape[0], k.shape[1], self.max_len, k.shape[3])
             self.keys[layer] = torch.empty(shape, dtype=k.dtype, device=k.device)
             self.values[layer] = torch.empty(shape, dtype=v.dtype, device=v.device)
-        self.keys[layer][:, :, self.length:end] = k
-        self.values[layer][:, :, self.length:end] = v
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        keys, values = self.keys[layer], self.values[layer]
+        keys.narrow(2, self.length, new).copy_(k)
+        values.narrow(2, self.length, new).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
     def advance(self, n: int) -> None:
         """Called by the stack once every layer has appended the step's `n` tokens."""
