@@ -169,13 +169,16 @@ def test_failing_job_does_not_stop_its_sweep(tmp_path):
     assert "1 of 2 sweep jobs failed" in out.stderr
 
 
-def test_ddp_on_two_cpu_processes(tmp_path):
-    run_dir = tmp_path / "run"
-    train(*TINY, "trainer=ddp", "trainer.accelerator=cpu", "logger=none", f"hydra.run.dir={run_dir}",
-          f"output_root={tmp_path}")
-    res = results(run_dir)
-    assert res["status"] == "completed" and res["world_size"] == 2 and res["steps"] == 20
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+def test_ddp_on_two_cpu_processes_in_a_sweep(tmp_path):
+    # Two jobs: the second must start its own workers, not reuse what Lightning left from the first.
+    sweep = tmp_path / "sweep"
+    train("-m", *TINY, "trainer.max_steps=10", "trainer.val_check_interval=5", "trainer=ddp",
+          "trainer.accelerator=cpu", "logger=none", "seed=0,1", f"hydra.sweep.dir={sweep}", f"output_root={tmp_path}")
+    for job in ("0", "1"):
+        res = results(sweep / job)
+        assert res["status"] == "completed" and res["world_size"] == 2 and res["steps"] == 10
+        assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
+        assert (sweep / job / "train_ddp_process_1.log").is_file()  # the second process ran this job
 
 
 def test_bf16_activation_checkpointing_tensorboard_decoder_only(tmp_path):

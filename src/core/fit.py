@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -88,8 +90,28 @@ def metrics_of(split: str, out: dict[str, Any]) -> dict[str, float]:
     return {k.split("/", 1)[1]: float(v) for k, v in out.items() if k.startswith(f"{split}/")}
 
 
+DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "PL_GLOBAL_SEED",
+           "PL_SEED_WORKERS")
+
+
 def train(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> dict[str, Any] | None:
     """Returns results.json's content (None in DDP worker processes other than rank 0)."""
+    env = {k: os.environ.get(k) for k in DDP_ENV}
+    try:
+        return fit_and_test(cfg, setup, info, start_time)
+    finally:
+        # Lightning leaves its process group and environment (LOCAL_RANK, MASTER_PORT, ...) behind; the next job
+        # of a sweep would take them for an external launcher's and never start its own workers.
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> dict[str, Any] | None:
     meta_in = resume_meta(setup)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = build_model(setup.model_cfg)
