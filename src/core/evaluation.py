@@ -8,8 +8,9 @@ reference. Plain PyTorch and torchmetrics; no Lightning.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
