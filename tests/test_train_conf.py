@@ -19,8 +19,7 @@ from src.core.optim import make_optimizer, make_scheduler
 from src.core.tasks import IGNORE_INDEX
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=4",
-        "task.max_len=8"]
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64"]  # any task's defaults
 
 
 def options(*groups: str) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from src.core.build import build_model, count_parameters
 from src.core.callbacks import AtomicCheckpointIO, Progress

@@ -8,7 +8,8 @@ them into numbers only on log steps), and accuracy and gradient norm are compute
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch

@@ -7,7 +7,8 @@ Schedules are multipliers of optim.lr per optimiser step: `noam` is the 2017 pap
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -11,7 +11,8 @@ second. Data (torch) is only touched in `dataloader`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from src.core.config import KINDS, ModelConfig
 

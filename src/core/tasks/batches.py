@@ -8,7 +8,8 @@ its fast causal kernel; that decision is made here, on the CPU, never in the tra
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn

@@ -6,7 +6,8 @@ needs no files, and each batch is a pure function of (seed, split, batch index).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from src.core.tasks.base import SPLITS, Task
 
