@@ -1,0 +1,125 @@
+"""Tokenizers: characters, or byte-level BPE trained with Hugging Face `tokenizers`; both put the same special
+tokens first, so ids 0-5 mean the same thing in every task.
+
+Byte-level BPE starts from the 256 byte symbols, so any text encodes without unknown tokens and decoding gives the
+text back exactly; `[UNK]` exists for character vocabularies, whose unseen characters map to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[SEP]", "[UNK]", "[MASK]")
+PAD, BOS, EOS, SEP, UNK, MASK = range(len(SPECIALS))
+KINDS = ("char", "bpe")
+
+
+class CharTokenizer:
+    """One id per distinct character of the training text, after the special tokens."""
+
+    kind = "char"
+
+    def __init__(self, chars: list[str]) -> None:
+        self.chars = chars
+        self.ids = {c: i for i, c in enumerate(chars, len(SPECIALS))}
+
+    @classmethod
+    def train(cls, texts: Iterable[str]) -> CharTokenizer:
+        seen: set[str] = set()
+        for text in texts:
+            seen.update(text)
+        return cls(sorted(seen))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIALS) + len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.ids
+        return [ids.get(c, UNK) for c in text]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        n = len(SPECIALS)
+        return "".join(self.chars[i - n] if i >= n else ("\ufffd" if i == UNK else "") for i in map(int, ids))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"kind": "char", "specials": SPECIALS, "chars": self.chars}, ensure_ascii=False))
+
+
+class BpeTokenizer:
+    """Byte-level BPE (GPT-2's scheme) from Hugging Face `tokenizers`."""
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer) -> None:  # a tokenizers.Tokenizer
+        self.tok = tokenizer
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def save(self, path: Path) -> None:
+        self.tok.save(str(path))
+
+
+Tokenizer = CharTokenizer | BpeTokenizer
+
+
+def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    if kind == "char":
+        return CharTokenizer.train(texts)
+    tok = BpeTokenizer.train(texts, vocab_size)
+    return tok
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    data = json.loads(path.read_text())
+    if data.get("kind") == "char":
+        return CharTokenizer(data["chars"])
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return BpeTokenizer(HFTokenizer.from_file(str(path)))
+
+
+def check_kind(kind: str, vocab_size: int) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"task.tokenizer={kind!r} is not a known tokenizer; valid options: {', '.join(KINDS)}")
+    if kind == "bpe" and (not isinstance(vocab_size, int) or vocab_size < 257 + len(SPECIALS)):
+        raise ValueError(f"task.bpe_vocab_size={vocab_size!r} is too small: byte-level BPE needs the 256 bytes and "
+                         f"{len(SPECIALS)} special tokens plus merges; use e.g. 1000-16000")
+
+
+def chunks(text: str, size: int = 1 << 16) -> Iterator[str]:
+    """Pieces of a long text split at line ends, for encode_batch and tokenizer training."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + size)
+        end = len(text) if end < 0 else end + 1
+        yield text[start:end]
+        start = end
