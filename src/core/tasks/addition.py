@@ -33,7 +33,7 @@ class AdditionTask(SyntheticTask):
     def symbol(self, token: int) -> str:
         return "+" if token == self.plus_id else "0123456789abcdefghijklmnopqrstuvwxyz"[token - self.first_symbol]
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, side: str = "tgt") -> str:
         return super().decode(ids).replace(" ", "")
 
     def digits(self, n: int) -> list[int]:

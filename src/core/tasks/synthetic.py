@@ -70,8 +70,9 @@ class SyntheticTask(Task):
     def symbol(self, token: int) -> str:
         return str(token - self.first_symbol)
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Ids up to the first EOS as text, special tokens dropped (space-separated symbols)."""
+    def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
+        """Ids up to the first EOS as text, special tokens dropped (space-separated symbols); source and target
+        share one vocabulary, so `side` changes nothing."""
         out = []
         for i in map(int, ids):
             if i == self.eos_id:

@@ -91,8 +91,8 @@ class TextTask(Task):
             self._tokenizer = load_tokenizer(self.dir / "tokenizer.json")
         return self._tokenizer
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Token ids back to text (special tokens dropped)."""
+    def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
+        """Token ids back to text (special tokens dropped); one vocabulary, so `side` changes nothing."""
         return self.tokenizer.decode(ids)
 
     def save(self, run_dir: Path) -> None:
