@@ -50,7 +50,8 @@ class TaskData(L.LightningDataModule):
         return self._loader("val")
 
     def test_dataloader(self) -> Any:
-        return self._loader("test")
+        splits = self.task.test_splits
+        return self._loader(splits[0]) if len(splits) == 1 else [self._loader(s) for s in splits]
 
 
 def resume_meta(setup: Setup) -> dict[str, Any] | None:
@@ -122,7 +123,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     resolved = OmegaConf.to_container(cfg, resolve=True)
     meta = {"config": resolved, "choices": info.choices, "overrides": info.overrides, "wandb_run_id": run_id}
     lit = LitModel(model, setup.task.forward_fn(setup.model_cfg.kind), resolved["optim"], resolved["schedule"],
-                   cfg.label_smoothing, cfg.seed, meta)
+                   cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits)
     extra = {"params": n_params, "run_dir": str(info.run_dir)}
     loggers = make_loggers(resolved["logger"], info.run_dir, info.name, info.group, info.tags,
                            wandb_config(cfg, info, extra), run_id)
@@ -135,6 +136,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     trainer = make_trainer(cfg, loggers, [ckpt_cb, progress], info.run_dir)
     if trainer.is_global_zero:
         OmegaConf.save(cfg, info.run_dir / "config.yaml", resolve=True)
+        setup.task.save(info.run_dir)  # e.g. the tokenizer, so the run's outputs can be decoded
         log.info(f"run {info.name!r} in {info.run_dir}: {setup.model_cfg.kind}, {n_params:,} parameters"
                  + (f", resuming from {setup.ckpt_path}" if setup.ckpt_path else ""))
     data = TaskData(setup.task, setup.model_cfg.kind, cfg.seed)
@@ -145,13 +147,14 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
     best = "best" if ckpt_cb.best_model_path else None
     val = trainer.validate(lit, datamodule=data, ckpt_path=best, verbose=False)[0]
-    test = trainer.test(lit, datamodule=data, ckpt_path=best, verbose=False)[0]
+    test = {k: v for out in trainer.test(lit, datamodule=data, ckpt_path=best, verbose=False) for k, v in out.items()}
     results = None
     if trainer.is_global_zero:
         results = {
             "status": "completed", "error": None, "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
             "choices": info.choices, "overrides": info.overrides, "seed": cfg.seed, "params": n_params,
-            "steps": trainer.global_step, "val": metrics_of("val", val), "test": metrics_of("test", test),
+            "steps": trainer.global_step, "val": metrics_of("val", val),
+            **{split: metrics_of(split, test) for split in setup.task.test_splits},
             "best_checkpoint": ckpt_cb.best_model_path or None,
             "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
             "tokens_per_s": progress.tokens_per_s * trainer.world_size,

@@ -60,13 +60,15 @@ class EvalMetrics(nn.Module):
 
 class LitModel(L.LightningModule):
     def __init__(self, model: nn.Module, forward_fn: Callable[[nn.Module, dict], Tensor], optim: dict[str, Any],
-                 schedule: dict[str, Any], label_smoothing: float, seed: int, meta: dict[str, Any]) -> None:
+                 schedule: dict[str, Any], label_smoothing: float, seed: int, meta: dict[str, Any],
+                 test_splits: tuple[str, ...] = ("test",)) -> None:
         super().__init__()
         self.model, self.forward_fn = model, forward_fn
         self.optim_cfg, self.schedule_cfg = optim, schedule
         self.label_smoothing, self.seed = label_smoothing, seed
         self.meta = meta  # resolved config and run identity, stored in every checkpoint
-        self.val_metrics, self.test_metrics = EvalMetrics(), EvalMetrics()
+        self.val_metrics, self.test_splits = EvalMetrics(), tuple(test_splits)
+        self.test_metrics = nn.ModuleList(EvalMetrics() for _ in self.test_splits)  # one per test split
 
     def forward(self, batch: dict[str, Any]) -> Tensor:
         return self.forward_fn(self.model, batch)
@@ -101,13 +103,14 @@ class LitModel(L.LightningModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics, "val")
 
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test")
+    def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, self.test_metrics[dataloader_idx], self.test_splits[dataloader_idx])
 
     def _evaluate(self, batch: dict[str, Any], metrics: EvalMetrics, split: str) -> None:
         metrics.update(self(batch), batch["labels"])
         for name, metric in metrics.items():
-            self.log(f"{split}/{name}", metric, on_step=False, on_epoch=True, batch_size=batch["labels"].shape[0])
+            self.log(f"{split}/{name}", metric, on_step=False, on_epoch=True, batch_size=batch["labels"].shape[0],
+                     add_dataloader_idx=False)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = make_optimizer(self.model, self.optim_cfg)

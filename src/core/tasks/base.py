@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from src.core.config import KINDS, ModelConfig
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from torch import Tensor, nn
 
 SPLITS = ("train", "val", "test")
@@ -35,6 +37,7 @@ class Task:
     eos_id: int = 2
     sep_id: int = 3
     batch_size: int = 1
+    test_splits: tuple[str, ...] = ("test",)  # evaluated after training, each reported as `<split>/...` metrics
 
     def max_input_len(self, kind: str) -> int:
         """Longest sequence a model of `kind` receives from this task (source or target, or packed)."""
@@ -66,6 +69,9 @@ class Task:
         """Batches for `split` in the form `kind` takes. `start` is the number of batches this process has
         already consumed (resuming); `rank`/`world_size` shard the data across data-parallel processes."""
         raise NotImplementedError
+
+    def save(self, run_dir: Path) -> None:
+        """Write what a run needs to read its outputs back (a tokenizer) into the run directory."""
 
     def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
         """The function running a model of `kind` on one of this task's batches, returning logits (B, T, V)
