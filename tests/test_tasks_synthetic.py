@@ -127,6 +127,10 @@ def test_is_sorted_classifies_with_balanced_honest_labels():
         assert row[0] == task.bos_id  # read as the classification token
         seq = [t for t in row[1:] if t != task.pad_id]
         assert label == int(all(x <= y for x, y in zip(seq, seq[1:], strict=False)))
+    few = make("is_sorted", n_symbols=2, min_len=2, max_len=3)  # many rows of equal tokens: nothing to swap
+    for s in range(20):
+        tokens = few.make_batch(s, "encoder_only")["tokens"]
+        assert int(tokens.max()) < few.first_symbol + 2  # content symbols only, never a sentinel
     cfg = ModelConfig(kind="encoder_only", vocab_size=task.vocab_size, n_classes=3, d_model=32, n_heads=2,
                       n_layers=1, d_ff=64)
     with pytest.raises(ValueError, match="model.n_classes=3 does not match task=is_sorted.*set model.n_classes=2"):

@@ -67,7 +67,8 @@ class IsSortedTask(SyntheticTask):
         src = draw.masked_fill(~real, self.vocab_size).sort(dim=1).values  # sorted, padding last
         spoil = torch.rand(b, generator=gen) < 0.5
         weights = (src[:, 1:] != src[:, :-1]) & real[:, 1:]  # (B, S - 1): swappable neighbour pairs
-        at = torch.multinomial(weights.float() + 1e-9, 1, generator=gen)[:, 0]  # (B,)
+        none = ~weights.any(1, keepdim=True)  # all tokens equal: nothing to swap (the row stays sorted)
+        at = torch.multinomial((weights | none).float(), 1, generator=gen)[:, 0]  # (B,)
         rows = torch.arange(b)[spoil & weights.any(1)]
         left, right = src[rows, at[rows]], src[rows, at[rows] + 1]
         src[rows, at[rows]], src[rows, at[rows] + 1] = right, left
