@@ -104,7 +104,7 @@ def test_translation_tasks_train_with_both_kinds(task, tmp_path):
 
 LEARN = ["norm=pre", "pos=rotary", "model.d_model=64", "model.n_layers=2", "model.dropout=0.0", "task.n_symbols=8",
          "task.min_len=2", "task.max_len=6", "task.batch_size=64", "task.val_batches=4", "task.test_batches=4",
-         "trainer.max_steps=500", "trainer.val_check_interval=250", "schedule=constant", "schedule.warmup_steps=30",
+         "trainer.max_steps=800", "trainer.val_check_interval=400", "schedule=constant", "schedule.warmup_steps=30",
          "optim.lr=2e-3", "logger=none"]
 
 
