@@ -154,3 +154,12 @@ def test_bad_settings_are_refused(field, value, message):
         make("copy", **{field: value})
     with pytest.raises(ValueError, match="task.long_max_len=40 .* must not exceed task.n_symbols=12"):
         make("recall", max_len=20)
+
+
+def test_addition_with_reversed_digits_writes_least_significant_first():
+    task = make("addition", reverse_digits=True, max_len=8)
+    batch = task.make_batch(3, "encoder_decoder")
+    for src, lab in zip(batch["src"].tolist(), batch["labels"].tolist(), strict=True):
+        a, b = task.decode(src).split("+")
+        total = task.decode([t for t in lab if t != IGNORE_INDEX])
+        assert int(total[::-1]) == int(a[::-1]) + int(b[::-1]) and not total.endswith("0")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from src.core.tasks.synthetic import SyntheticTask, pad
+from src.core.tasks.synthetic import SyntheticTask
 
 if TYPE_CHECKING:
     from torch import Generator, Tensor
@@ -36,33 +36,35 @@ class AdditionTask(SyntheticTask):
     def decode(self, ids, side: str = "tgt") -> str:
         return super().decode(ids).replace(" ", "")
 
-    def digits(self, n: int) -> list[int]:
-        out = []
-        while True:
-            n, d = divmod(n, self.base)
-            out.append(d)
-            if n == 0:
-                break
-        return out if self.reverse_digits else out[::-1]  # least significant first, unless reversed back
-
     def examples(self, gen: Generator, lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Vectorised over the batch: digits are drawn, added column by column with carries, and laid out."""
         import torch
 
         b, base = self.batch_size, self.base
-        lens = torch.randint(lo, hi + 1, (b, 2), generator=gen)
-        raw = torch.randint(0, base, (b, 2, hi), generator=gen)  # digits, most significant first
+        lens = torch.randint(lo, hi + 1, (b, 2), generator=gen)  # (B, 2) digits per operand
+        msf = torch.randint(0, base, (b, 2, hi), generator=gen)  # most significant first, first `lens` columns
         lead = torch.randint(1, base, (b, 2), generator=gen)
-        rows_src, rows_tgt = [], []
-        for i in range(b):
-            ops = []
-            for j in range(2):
-                n = int(lens[i, j])
-                ds = raw[i, j, :n].tolist()
-                if n > 1:
-                    ds[0] = int(lead[i, j])
-                ops.append(sum(d * base ** (n - 1 - k) for k, d in enumerate(ds)))
-            src = self.digits(ops[0]) + [-1] + self.digits(ops[1])
-            rows_src.append([self.plus_id if d < 0 else self.first_symbol + d for d in src])
-            rows_tgt.append([self.first_symbol + d for d in self.digits(ops[0] + ops[1])])
-        return (*pad(rows_src, self.pad_id), *pad(rows_tgt, self.pad_id))
-
+        msf[:, :, 0] = torch.where(lens > 1, lead, msf[:, :, 0])  # no leading zero
+        col = torch.arange(hi)
+        lsf = msf.gather(2, (lens[..., None] - 1 - col).clamp(min=0)).masked_fill(col >= lens[..., None], 0)
+        total = torch.zeros(b, hi + 1, dtype=torch.long)  # (B, hi + 1) sum, least significant first
+        carry = torch.zeros(b, dtype=torch.long)
+        for k in range(hi):
+            column = lsf[:, 0, k] + lsf[:, 1, k] + carry
+            total[:, k], carry = column % base, column // base
+        total[:, hi] = carry
+        nonzero = total != 0
+        sum_len = torch.where(nonzero.any(1), hi + 1 - nonzero.flip(1).int().argmax(1), 1)  # (B,)
+        operands = lsf if self.reverse_digits else msf  # (B, 2, hi), left-aligned in writing order
+        la, lb = lens[:, :1], lens[:, 1:]
+        width = int((lens.sum(1) + 1).max())
+        pos = torch.arange(width).expand(b, width)  # (B, W)
+        a_part = operands[:, 0].gather(1, pos.clamp(max=hi - 1))
+        b_part = operands[:, 1].gather(1, (pos - la - 1).clamp(0, hi - 1))
+        src = torch.where(pos < la, a_part, b_part) + self.first_symbol
+        src = src.masked_fill(pos == la, self.plus_id).masked_fill(pos >= la + 1 + lb, self.pad_id)
+        tpos = torch.arange(hi + 1).expand(b, hi + 1)
+        order = tpos if self.reverse_digits else (sum_len[:, None] - 1 - tpos).clamp(min=0)
+        tgt = (total.gather(1, order) + self.first_symbol).masked_fill(tpos >= sum_len[:, None], self.pad_id)
+        tgt = tgt[:, :int(sum_len.max())]
+        return src, lens.sum(1) + 1, tgt, sum_len
