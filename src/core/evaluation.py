@@ -83,14 +83,16 @@ class DecodeResults:
 @torch.no_grad()
 def decode_batch(model: nn.Module, batch: dict[str, Any], kind: str, cfg: DecodingConfig, *, pad_id: int,
                  bos_id: int, eos_id: int, to_text: Callable[[list[int], str], str], results: DecodeResults,
-                 limit: int | None = None) -> None:
-    """Decode (up to `limit` rows of) one batch and add its examples to `results`."""
+                 limit: int | None = None) -> list[bool]:
+    """Decode (up to `limit` rows of) one batch and add its examples to `results`; returns each decoded row's
+    exact match."""
     inputs, mask, references = prompts_and_references(batch, kind)
     if limit is not None:
         inputs, mask, references = inputs[:limit], mask[:limit], references[:limit]
     longest = max(len(r) for r in references)
     cfg = DecodingConfig(**{**cfg.__dict__, "max_new_tokens": max(cfg.max_new_tokens, longest + 1)})
     out = generate(model, inputs, mask, cfg, eos_id=eos_id, pad_id=pad_id, bos_id=bos_id)
+    exact = []
     for row in range(inputs.shape[0]):
         reference = strip(references[row], eos_id, pad_id)
         prediction = strip(out.tokens[row, 0].tolist(), eos_id, pad_id)
@@ -98,3 +100,5 @@ def decode_batch(model: nn.Module, batch: dict[str, Any], kind: str, cfg: Decodi
         source = strip(source[:-1] if kind == "decoder_only" else source, eos_id, pad_id)  # no separator
         results.add(to_text(source, "src"), reference, prediction, to_text(reference, "tgt"),
                     to_text(prediction, "tgt"))
+        exact.append(reference == prediction)
+    return exact
