@@ -137,11 +137,11 @@ def main() -> None:
     print(f"| {'bare PyTorch':<22} | {1000 * b / timed:8.2f} | {timed / b:8.1f} | {'':>8} |")
     print(f"| {'train.py (Lightning)':<22} | {1000 * f / timed:8.2f} | {timed / f:8.1f} | {100 * (f / b - 1):7.1f}% |")
     print(f"\nrounds (s): bare {', '.join(f'{x:.2f}' for x in bare)}; framework {', '.join(f'{x:.2f}' for x in fw)}")
-    print(f"\n| {'command line':<38} | {'seconds':>7} |")
-    print(f"| {'-' * 38} | {'-' * 7} |")
-    print(f"| {'python train.py --help':<38} | {help_s:7.2f} |")
-    print(f"| {'python train.py model.n_heads=3 (refused)':<38} | {refused_s:7.2f} |")
-    print(f"| {'python train.py -> first training step':<38} | {first_step:7.2f} |")
+    print(f"\n| {'command line':<42} | {'seconds':>7} |")
+    print(f"| {'-' * 42} | {'-' * 7} |")
+    print(f"| {'python train.py --help':<42} | {help_s:7.2f} |")
+    print(f"| {'python train.py model.n_heads=3 (refused)':<42} | {refused_s:7.2f} |")
+    print(f"| {'python train.py -> first training step':<42} | {first_step:7.2f} |")
 
 
 if __name__ == "__main__":
