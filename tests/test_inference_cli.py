@@ -95,3 +95,30 @@ def test_codec_round_trips_through_the_checkpoint(run_dir):
     codec = codec_from_state(loaded.codec_state)
     ids = codec.encode("3 1 4", "src")
     assert codec.decode(ids + [loaded.codec_state["eos_id"], ids[0]]) == "3 1 4"
+
+
+def test_validation_decodes_and_logs_examples_to_wandb(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wandb_offline", ROOT.parent / "shared/tools/wandb_offline.py")
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_API_KEY", None)
+    args = [a for a in TINY if a != "logger=none"] + ["eval.decode_samples=8", "eval.show_examples=2",
+                                                      f"hydra.run.dir={tmp_path}"]
+    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "decoded 8 validation examples (greedy)" in out.stdout + out.stderr
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert {"decoded_exact_match", "bleu"} <= set(result["val"])
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    history = reader.read_run(str(run_file))["history"]
+    keys = {k for row in history for k in row}
+    assert {"val/decoded_exact_match", "val/bleu", "val/examples/_type"} <= keys
+    row = next(row for row in history if "val/examples/_type" in row)
+    assert row["val/examples/_type"] == "table-file" and row["val/examples/nrows"] == 2
+    table = json.loads((run_file.parent / "files" / row["val/examples/path"]).read_text())
+    assert table["columns"] == ["source", "reference", "prediction"] and len(table["data"]) == 2
+    assert all(src.split() == ref.split()[::-1] for src, ref, _ in table["data"])  # reverse task's references

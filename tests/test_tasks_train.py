@@ -18,8 +18,8 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
         "trainer.val_check_interval=2", "trainer.log_every_n_steps=2", "schedule.warmup_steps=2", "logger=none"]
 SYNTHETIC = "copy,reverse,sort,addition,recall,is_sorted"
 EVAL = ["task.val_batches=2", "task.test_batches=2"]
-# tasks with a test_long split (conf/task/reverse.yaml still builds the original ReverseTask, which has none)
-LONG = {"copy", "sort", "addition", "recall", "is_sorted"}
+# tasks with a test_long split
+LONG = {"copy", "reverse", "sort", "addition", "recall", "is_sorted"}
 
 
 def train(*args: str, check: bool = True, timeout: int = 900, cache: Path | None = None):

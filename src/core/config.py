@@ -18,6 +18,7 @@ NORM_TYPES = ("layernorm", "rmsnorm")
 POS_ENCODINGS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
 FFNS = ("relu", "gelu", "swiglu", "geglu")
 INITS = ("xavier", "gpt2")
+STRATEGIES = ("greedy", "beam", "sample")
 POOLINGS = ("cls", "mean")
 
 
@@ -165,3 +166,44 @@ class ModelConfig:
         if self.n_decoder_layers is not None and self.kind != "encoder_decoder":
             raise ValueError(f"n_decoder_layers={self.n_decoder_layers} only applies to kind=encoder_decoder; "
                              f"use n_layers for kind={self.kind}")
+
+
+@dataclass
+class DecodingConfig:
+    strategy: str = "greedy"  # greedy | beam | sample
+    max_new_tokens: int = 64
+    beam_size: int = 4
+    length_penalty: float = 1.0  # beam: hypotheses ranked by sum log p / length ** length_penalty
+    n_best: int = 1  # beam: hypotheses returned per input (<= beam_size)
+    temperature: float = 1.0  # sample
+    top_k: int = 0  # sample: keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # sample: keep the smallest set with probability >= top_p; 1.0 = off
+    seed: int | None = None  # sample: fixes the random stream
+    use_cache: bool = True
+
+    def validate(self) -> DecodingConfig:
+        check_choice("decoding.strategy", self.strategy, STRATEGIES)
+        if self.max_new_tokens < 1:
+            raise ValueError(f"decoding.max_new_tokens={self.max_new_tokens} must be at least 1")
+        if self.beam_size < 1:
+            raise ValueError(f"decoding.beam_size={self.beam_size} must be at least 1")
+        if not 1 <= self.n_best <= (self.beam_size if self.strategy == "beam" else 1):
+            limit = "beam_size" if self.strategy == "beam" else "1 unless decoding.strategy=beam"
+            raise ValueError(f"decoding.n_best={self.n_best} must be between 1 and {limit}")
+        if self.temperature <= 0:
+            raise ValueError(f"decoding.temperature={self.temperature} must be positive; use strategy=greedy "
+                             f"for the argmax")
+        if self.top_k < 0:
+            raise ValueError(f"decoding.top_k={self.top_k} must be >= 0 (0 turns it off)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"decoding.top_p={self.top_p} must be in (0, 1] (1 turns it off)")
+        return self
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DecodingConfig:
+        """Build from a plain dict (e.g. the `decoding` config group); unknown keys are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown decoding setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        return cls(**values).validate()

@@ -23,6 +23,9 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from src.core.build import build_model, count_parameters
 from src.core.callbacks import AtomicCheckpointIO, Progress
 from src.core.checkpoint import CKPT_DIR, read_checkpoint
+from src.core.codec import codec_from_state, codec_state_for
+from src.core.decode_callback import DecodeOnValidation
+from src.core.inference import decoding_config
 from src.core.job import ConfigError, Setup, write_json
 from src.core.lit import LitModel
 from src.core.loggers import finish_wandb, make_loggers, new_run_id
@@ -121,7 +124,9 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         model.compile()
     run_id = meta_in["wandb_run_id"] if meta_in else new_run_id()
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    meta = {"config": resolved, "choices": info.choices, "overrides": info.overrides, "wandb_run_id": run_id}
+    codec = codec_state_for(setup.task)  # lets generate.py / evaluate.py work from a checkpoint alone
+    meta = {"config": resolved, "choices": info.choices, "overrides": info.overrides, "wandb_run_id": run_id,
+            "codec": codec}
     lit = LitModel(model, setup.task.forward_fn(setup.model_cfg.kind), resolved["optim"], resolved["schedule"],
                    cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits)
     extra = {"params": n_params, "run_dir": str(info.run_dir)}
@@ -133,7 +138,12 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     progress = Progress(start_time)
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
-    trainer = make_trainer(cfg, loggers, [ckpt_cb, progress], info.run_dir)
+    callbacks: list[L.Callback] = [ckpt_cb, progress]
+    kind = setup.model_cfg.kind
+    if cfg.eval.decode_samples > 0 and codec["seq2seq"] and kind != "encoder_only":
+        callbacks.append(DecodeOnValidation(setup.task, kind, codec_from_state(codec), decoding_config(cfg.decoding),
+                                            cfg.eval.decode_samples, cfg.eval.show_examples, cfg.seed))
+    trainer = make_trainer(cfg, loggers, callbacks, info.run_dir)
     if trainer.is_global_zero:
         OmegaConf.save(cfg, info.run_dir / "config.yaml", resolve=True)
         setup.task.save(info.run_dir)  # e.g. the tokenizer, so the run's outputs can be decoded

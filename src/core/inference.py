@@ -8,7 +8,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,7 @@ def pick_device(name: str) -> torch.device:
 
 
 def decoding_config(cfg: DictConfig) -> DecodingConfig:
-    values = OmegaConf.to_container(cfg, resolve=True)
-    known = {f.name for f in fields(DecodingConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown decoding setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-    return DecodingConfig(**values).validate()
+    return DecodingConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
 def load(value: str | Path, device: torch.device) -> Loaded:

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from src.core.checkpoint import resolve_ckpt_path
-from src.core.config import ModelConfig
+from src.core.config import DecodingConfig, ModelConfig
 from src.core.loggers import LOGGERS, finish_wandb, wandb_mode
 from src.core.runinfo import RunInfo, run_info
 from src.core.sweep import append_summary
@@ -100,6 +100,12 @@ def check_training(cfg: DictConfig) -> None:
     if trainer.precision not in PRECISIONS:
         fail(f"trainer.precision={trainer.precision!r} is not a known precision; common options: 32-true, "
              f"bf16-mixed, 16-mixed")
+    try:
+        DecodingConfig.from_dict(OmegaConf.to_container(cfg.decoding, resolve=True))
+    except ValueError as e:
+        fail(str(e))
+    if not isinstance(cfg.eval.decode_samples, int) or cfg.eval.decode_samples < 0:
+        fail(f"eval.decode_samples={cfg.eval.decode_samples!r} must be a number of examples >= 0 (0: no decoding)")
     interval = trainer.get("val_check_interval")
     if not isinstance(interval, int) or interval < 1:
         fail(f"trainer.val_check_interval={interval!r} must be a positive number of training batches")

@@ -3,8 +3,7 @@ class of `addition`, `recall` and `is_sorted`.
 
 Every batch is a pure function of (seed, split, batch index). Besides train/val/test (lengths in
 [min_len, max_len]) each task has a `test_long` split with lengths in [max_len + 1, long_max_len], longer than any
-seen in training: length generalisation is where positional encodings differ. For the same settings, `reverse`
-draws exactly the sequences of the original `src.core.tasks.reverse.ReverseTask`.
+seen in training: length generalisation is where positional encodings differ.
 """
 
 from __future__ import annotations
