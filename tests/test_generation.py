@@ -179,3 +179,21 @@ def test_encoder_only_and_missing_bos_are_refused():
     with pytest.raises(ValueError, match="bos_id is required"):
         generate(tiny("encoder_decoder"), torch.ones(1, 3, dtype=torch.long), None, DecodingConfig(), eos_id=EOS,
                  pad_id=PAD)
+
+
+CONF = __import__("pathlib").Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "decoding").glob("*.yaml")))
+@pytest.mark.parametrize("entry", ["generate", "evaluate", "train"])
+def test_every_decoding_option_composes_and_decodes(option, entry):
+    from hydra import compose, initialize_config_dir
+
+    from src.core.inference import decoding_config
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(entry, overrides=[f"decoding={option}"] + (["ckpt=x"] if entry != "train" else []))
+    decoding = decoding_config(cfg.decoding)
+    assert decoding.strategy == option
+    out = run(tiny("decoder_only"), decoding)
+    assert out.tokens.shape[0] == 3 and out.tokens.shape[-1] <= decoding.max_new_tokens
