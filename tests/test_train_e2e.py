@@ -84,7 +84,7 @@ def test_single_run_writes_its_directory(tmp_path):
     res = results(run_dir)
     assert set(res) == RESULT_KEYS
     assert res["status"] == "completed" and res["steps"] == 20 and res["world_size"] == 1
-    assert set(res["val"]) == METRICS and set(res["test"]) == METRICS
+    assert set(res["val"]) == METRICS | {"decoded_exact_match", "bleu"} and set(res["test"]) == METRICS
     assert set(res["choices"]) == GROUPS
     assert res["choices"]["model"] == "encoder_decoder" and res["choices"]["norm"] == "post"
     assert res["tokens_per_s"] > 0 and res["wall_time_s"] > res["fit_time_s"] > 0
