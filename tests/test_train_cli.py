@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ["model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "experiment"]
+GROUPS = ["model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "decoding", "experiment"]
 
 
 def train(*args: str, tmp_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -31,7 +31,7 @@ def test_help_lists_every_group_and_option(tmp_path):
 
 REFUSED = [
     (["model.n_heads=3"], r"n_heads=3 must divide d_model=64"),
-    (["pos=learned", "model.max_seq_len=8"], r"model.max_seq_len=8 is shorter .* set model.max_seq_len>=17"),
+    (["pos=learned", "model.max_seq_len=8"], r"model.max_seq_len=8 is shorter .* set model.max_seq_len>=33"),
     (["pos=rotary", "model.d_model=60", "model.n_heads=4"], r"pos=rotary needs an even head dimension"),
     (["model.vocab_size=5"], r"model.vocab_size=5 is smaller than task=reverse's vocabulary \(20\)"),
     (["+model.n_head=2"], r"unknown model config field\(s\): 'n_head' \(did you mean 'n_heads'\?\)"),
