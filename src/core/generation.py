@@ -90,7 +90,7 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model: nn.Module, inputs: Tensor, mask: Tensor | None, cfg: DecodingConfig, *, eos_id: int,
              pad_id: int, bos_id: int | None = None) -> Generation:
     """Decode from `inputs` (B, L): the source for encoder_decoder, the prompts for decoder_only. `mask` (B, L) is
@@ -129,8 +129,8 @@ def _greedy_or_sample(model, inputs, mask, cfg, eos_id, pad_id, bos_id) -> Gener
         else:
             probs = filter_logits(logprobs / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        scores += torch.where(finished, 0.0, logprobs.gather(1, nxt[:, None]).squeeze(1))
-        nxt = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
+        scores += logprobs.gather(1, nxt[:, None]).squeeze(1).masked_fill_(finished, 0.0)
+        nxt = nxt.masked_fill_(finished, pad_id)
         session.append(nxt)
         finished |= nxt == eos_id
         if bool(finished.all()):

@@ -28,10 +28,11 @@ class FeedForward(nn.Module):
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.p = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.dropout(self.activation(self.up_proj(x))))
+        hidden = self.activation(self.up_proj(x))
+        return self.down_proj(F.dropout(hidden, self.p, self.training) if self.p > 0 else hidden)
 
 
 class GatedFeedForward(nn.Module):
@@ -44,10 +45,11 @@ class GatedFeedForward(nn.Module):
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.p = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.dropout(self.activation(self.gate_proj(x)) * self.up_proj(x)))
+        hidden = self.activation(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(F.dropout(hidden, self.p, self.training) if self.p > 0 else hidden)
 
 
 def gelu_tanh(x: Tensor) -> Tensor:

@@ -19,10 +19,6 @@ NormFactory = Callable[[], nn.Module]
 Sublayer = Callable[[Tensor], Tensor]
 
 
-def _dropout(p: float) -> nn.Module:
-    return nn.Dropout(p) if p > 0 else nn.Identity()
-
-
 class Residual(nn.Module):
     """Base of the placements. `final_norm` says whether the stack ends with a norm."""
 
@@ -31,10 +27,17 @@ class Residual(nn.Module):
     def __init__(self, norm: NormFactory, dropout: float) -> None:
         super().__init__()
         self.norm = norm()
-        self.dropout = _dropout(dropout)
+        self.p = dropout
+
+    def dropout(self, x: Tensor) -> Tensor:
+        # functional, and skipped at p = 0: a module call per sublayer is measurable overhead when decoding
+        return F.dropout(x, self.p, self.training) if self.p > 0 else x
 
     def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
         raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"dropout={self.p}"
 
 
 class PostNorm(Residual):
@@ -69,7 +72,7 @@ class DeepNorm(Residual):
         return self.norm(x * self.alpha + self.dropout(sublayer(x)))
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha:.4f}"
+        return f"alpha={self.alpha:.4f}, dropout={self.p}"
 
 
 PLACEMENTS: dict[str, type[Residual]] = {
