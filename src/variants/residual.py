@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 NormFactory = Callable[[], nn.Module]
