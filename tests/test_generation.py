@@ -197,3 +197,28 @@ def test_every_decoding_option_composes_and_decodes(option, entry):
     assert decoding.strategy == option
     out = run(tiny("decoder_only"), decoding)
     assert out.tokens.shape[0] == 3 and out.tokens.shape[-1] <= decoding.max_new_tokens
+
+
+def test_decoder_only_with_a_learned_table_crops_its_context_like_nanogpt():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind="decoder_only", vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2,
+                                    d_ff=64, max_seq_len=8, dropout=0.0, pos="learned", norm="pre")).eval()
+    prompt = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    never = VOCAB + 1
+    cached = generate(model, prompt, None, DecodingConfig(max_new_tokens=12), eos_id=never, pad_id=PAD)
+    uncached = generate(model, prompt, None, DecodingConfig(max_new_tokens=12, use_cache=False), eos_id=never,
+                        pad_id=PAD)
+    assert cached.tokens.shape[-1] == 12 and torch.equal(cached.tokens, uncached.tokens)
+    seq = prompt.clone()  # reference: greedy on the last 8 tokens, step by step
+    with torch.no_grad():
+        for _ in range(12):
+            seq = torch.cat([seq, model(seq[:, -8:])[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached.tokens[:, 0], seq[:, 5:])
+
+
+def test_encoder_decoder_target_longer_than_its_table_is_refused():
+    model = build_model(ModelConfig(kind="encoder_decoder", vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=1,
+                                    d_ff=32, max_seq_len=8, pos="learned"))
+    with pytest.raises(ValueError, match=r"decoding.max_new_tokens=12 does not fit .*\(max_seq_len=8.* lower it to 7"):
+        generate(model, torch.ones(1, 3, dtype=torch.long), None, DecodingConfig(max_new_tokens=12), eos_id=EOS,
+                 pad_id=PAD, bos_id=BOS)

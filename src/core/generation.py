@@ -32,29 +32,45 @@ class _Session:
                  use_cache: bool) -> None:
         self.model, self.use_cache = model, use_cache
         self.seq2seq = hasattr(model, "decode")
+        decoder = getattr(model, "decoder", None)
+        self.window = getattr(getattr(decoder, "pos", None), "max_len", None)  # a learned table's length
         if self.seq2seq:
             self.memory, self.src_mask = model.encode(inputs, mask), mask
             self.tokens = torch.full((inputs.shape[0], 1), bos_id, dtype=inputs.dtype, device=inputs.device)
             self.keep = None
+            if self.window is not None and 1 + max_new > self.window:
+                raise ValueError(f"decoding.max_new_tokens={max_new} does not fit the decoder's learned position "
+                                 f"table (max_seq_len={self.window}, one position taken by BOS); lower it to "
+                                 f"{self.window - 1}")
         else:
             self.tokens, self.keep = left_align(inputs, mask)  # (B, P)
             self.padded = bool((~mask).any())  # once, on the prompts: no padding lets SDPA use its causal kernel
-        self.cache = KVCache(self.tokens.shape[1] + max_new) if use_cache else None
+        total = self.tokens.shape[1] + max_new
+        self.cache = KVCache(min(total, self.window or total)) if use_cache else None
         self.fed = 0  # tokens already in the cache
 
     def logits(self) -> Tensor:
         """Logits (B, V) for the token after the current sequence."""
-        new = self.tokens[:, self.fed:] if self.use_cache else self.tokens
         if self.seq2seq:
+            new = self.tokens[:, self.fed:] if self.cache is not None else self.tokens
             out = self.model.decode(new, self.memory, self.src_mask, cache=self.cache)
         else:
-            keep, positions = None, None
-            if self.padded:
-                keep = self.keep
-                positions = (keep.cumsum(1) - 1).clamp(min=0)[:, -new.shape[1]:]  # (B, new) per-row positions
-            out = self.model(new, pad_mask=keep, positions=positions, cache=self.cache)
+            out = self._decoder_only_logits()
         self.fed = self.tokens.shape[1]
         return out[:, -1].float()
+
+    def _decoder_only_logits(self) -> Tensor:
+        tokens, keep, cache = self.tokens, self.keep, self.cache
+        if self.window is not None and tokens.shape[1] > self.window:
+            # past a learned position table: condition on the last `window` tokens, as nanoGPT crops its context;
+            # the window moves every step, so from here on each step recomputes it without the cache
+            tokens, keep, cache = tokens[:, -self.window:], keep[:, -self.window:], None
+            self.cache = None
+        new = tokens[:, self.fed:] if cache is not None else tokens
+        positions = None
+        if self.padded:
+            positions = (keep.cumsum(1) - 1).clamp(min=0)[:, -new.shape[1]:]  # (B, new) per-row positions
+        return self.model(new, pad_mask=keep if self.padded else None, positions=positions, cache=cache)
 
     def append(self, next_tokens: Tensor) -> None:
         self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
