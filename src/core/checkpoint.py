@@ -27,15 +27,19 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def load_model(path: str | Path, device: str = "cpu"):
     """The trained `nn.Module` stored in a train.py checkpoint, rebuilt from the config it carries."""
+    return model_from_checkpoint(read_checkpoint(path), path).to(device).eval()
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path):
+    """Rebuild the plain model from a loaded train.py checkpoint dict."""
     from src.core.build import build_model
 
-    ckpt = read_checkpoint(path)
     if "archsweep" not in ckpt:
         raise ValueError(f"{path} is not a train.py checkpoint (no 'archsweep' entry)")
     model = build_model(ModelConfig.from_dict(ckpt["archsweep"]["model_config"]))
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    model.load_state_dict(state)
-    return model.to(device).eval()
+    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
+                           if k.startswith("model.")})
+    return model
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

@@ -17,10 +17,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from src.core.build import build_model
-from src.core.checkpoint import CKPT_DIR, read_checkpoint
+from src.core.checkpoint import CKPT_DIR, model_from_checkpoint, read_checkpoint
 from src.core.codec import Codec, codec_from_state, codec_state_for
-from src.core.config import ModelConfig
 from src.core.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, strip
 from src.core.generation import DecodingConfig, generate
 
@@ -60,12 +58,8 @@ def decoding_config(cfg: DictConfig) -> DecodingConfig:
 def load(value: str | Path, device: torch.device) -> Loaded:
     path = checkpoint_file(value)
     ckpt = read_checkpoint(path)
-    meta = ckpt.get("archsweep")
-    if meta is None:
-        raise ValueError(f"{path} is not a train.py checkpoint (no 'archsweep' entry)")
-    model = build_model(ModelConfig.from_dict(meta["model_config"]))
-    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
-                           if k.startswith("model.")})
+    model = model_from_checkpoint(ckpt, path)
+    meta = ckpt["archsweep"]
     state = meta.get("codec") or codec_state_for(task_from_config(meta["config"]["task"]))
     return Loaded(path, model.to(device).eval(), model.config.kind, codec_from_state(state), state, meta["config"])
 
