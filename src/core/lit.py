@@ -81,15 +81,19 @@ class LitModel(L.LightningModule):
         # Dropout randomness is a function of (seed, step, rank), so a resumed run draws what an uninterrupted
         # one would, whatever else consumed random numbers in between (validation, dataloader start-up).
         micro = batch_idx % self.trainer.accumulate_grad_batches
-        torch.manual_seed(step_seed(self.seed, self.global_step, micro, self.global_rank))
+        seed = step_seed(self.seed, self.global_step, micro, self.global_rank)
+        if self.device.type == "cpu":  # torch.manual_seed would also queue lazy CUDA/XPU seeding, with a stack trace
+            torch.default_generator.manual_seed(seed)
+        else:
+            torch.manual_seed(seed)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         logits = self(batch)  # (B, T, V)
         labels = batch["labels"]
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
                                label_smoothing=self.label_smoothing)
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, batch_size=labels.shape[0])
-        if self._log_step():
+        if self._log_step():  # Lightning writes step metrics only on log steps; logging others is wasted work
+            self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, batch_size=labels.shape[0])
             hits, count, _ = token_stats(logits.detach(), labels)
             self.log("train/acc", hits / count.clamp(min=1), on_step=True, on_epoch=False)
             self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
