@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,7 +182,7 @@ def test_encoder_only_and_missing_bos_are_refused():
                  pad_id=PAD)
 
 
-CONF = __import__("pathlib").Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "decoding").glob("*.yaml")))

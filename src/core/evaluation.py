@@ -16,8 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from src.core.generation import DecodingConfig, generate
-
-IGNORE_INDEX = -100
+from src.core.tasks.base import IGNORE_INDEX
 
 
 def strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
