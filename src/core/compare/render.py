@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import math
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,20 +90,22 @@ def markdown_table(report: Report) -> str:
 
 
 def where(path: Path, base: Path) -> str:
+    """`path` relative to `base` when under it, else as it is."""
     try:
-        return os.path.relpath(path, base)
-    except ValueError:  # another drive
+        return str(path.resolve().relative_to(base.resolve())) or "."
+    except ValueError:
         return str(path)
 
 
-def run_lists(report: Report, base: Path) -> list[tuple[str, list[tuple[str, str]]]]:
-    """(title, [(run dir, what)]) for the failed, diverged and skipped runs, and notes about the runs used."""
-    failed = [(where(r.run_dir, base), f"({r.name}): {first_line(r.results.get('error'))}")
+def run_lists(report: Report, base: Path, md: bool) -> list[tuple[str, list[str]]]:
+    """(title, lines) for the failed, diverged and skipped runs, and notes about the runs used; a run is named by
+    its directory (relative to `base` when under it; in backticks in markdown) and its overrides."""
+    tick = (lambda p: f"`{p}`") if md else str
+    failed = [f"{tick(where(r.run_dir, base))} ({r.name}): {first_line(r.results.get('error'))}"
               for r in report.runs("failed")]
-    diverged = [(where(r.run_dir, base), f"({r.name}): {divergence(r)}") for r in report.runs("diverged")]
-    skipped = [(where(s.run_dir, base), s.reason) for s in report.skipped]
-    notes = [("", n) for n in report.notes]
-    return [("Failed runs", failed), ("Diverged runs", diverged), ("Skipped runs", skipped), ("Notes", notes)]
+    diverged = [f"{tick(where(r.run_dir, base))} ({r.name}): {divergence(r)}" for r in report.runs("diverged")]
+    skipped = [f"{tick(where(s.run_dir, base))}: {s.reason}" for s in report.skipped]
+    return [("Failed runs", failed), ("Diverged runs", diverged), ("Skipped runs", skipped), ("Notes", report.notes)]
 
 
 def first_line(error: Any) -> str:
@@ -131,9 +132,9 @@ def summary(report: Report) -> str:
 
 def terminal(report: Report) -> str:
     out = [summary(report), "", text_table(report)]
-    for title, lines in run_lists(report, Path.cwd()):
+    for title, lines in run_lists(report, Path.cwd(), md=False):
         if lines:
-            out += ["", f"{title}:", *(f"  {d}: {x}" if d else f"  {x}" for d, x in lines)]
+            out += ["", f"{title}:", *(f"  {x}" for x in lines)]
     return "\n".join(out)
 
 
@@ -144,9 +145,9 @@ def markdown(report: Report) -> str:
     out = [f"# Comparison: {title}", "", f"Sweeps: {sources}.", "", summary(report).replace("\n", "\n\n"), "",
            markdown_table(report), ""]
     out += [f"![{title}]({where(path, base)})\n" for title, path in report.plots.items()]
-    for title, lines in run_lists(report, base):
+    for title, lines in run_lists(report, base, md=True):
         if lines:
-            out += [f"## {title}", "", *(f"- `{d}`: {x}" if d else f"- {x}" for d, x in lines), ""]
+            out += [f"## {title}", "", *(f"- {x}" for x in lines), ""]
     return "\n".join(out)
 
 

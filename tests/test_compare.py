@@ -1,0 +1,260 @@
+"""compare.py on fabricated sweep directories, so every number in the table is known."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from src.core.compare import CompareError, compare, terminal, write
+from src.core.compare.plots import mean_band
+from src.core.compare.runs import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+CHOICES = {"model": "encoder_decoder", "norm": "pre", "pos": "sinusoidal", "task": "reverse", "logger": "csv"}
+HEADER = "epoch,step,train/loss,val/loss,val/exact_match,test/exact_match\n"
+
+
+def write_run(d: Path, overrides: list[str], results: dict | None, val_em: list[float] = (),
+              extra_csv: str = "") -> Path:
+    """A run directory: .hydra/overrides.yaml, metrics.csv with validations at steps 9, 19, 29, ... (csv
+    step, counted from 0), and results.json unless None (a run still going)."""
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    rows = "".join(f"0,{10 * i + 9},,{2.0 - 0.1 * i},{em},\n" for i, em in enumerate(val_em))
+    (d / "metrics.csv").write_text(HEADER + rows + extra_csv)
+    if results is not None:
+        choices = {**CHOICES, **{o.split("=")[0]: o.split("=")[1] for o in overrides if o.split("=")[0] in CHOICES}}
+        (d / "results.json").write_text(json.dumps({"choices": choices, "overrides": overrides, **results}))
+    return d
+
+
+def done(loss: float, em: float, test_em: float, **more) -> dict:
+    return {"status": "completed", "error": None, "seed": 0, "params": 1000, "steps": 30, "tokens_per_s": 500.0,
+            "val": {"loss": loss, "exact_match": em}, "test": {"loss": loss, "exact_match": test_em}, **more}
+
+
+def by_length(test: dict[int, float], long: dict[int, float]) -> dict:
+    return {"by_length": {"test": {str(k): {"n": 10, "exact_match": v} for k, v in test.items()},
+                          "test_long": {str(k): {"n": 10, "exact_match": v} for k, v in long.items()}}}
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """norm=pre,post x seed=0,1,2: pre has two completed runs and one diverged; post one completed, one failed,
+    one still running; plus a job whose results.json is corrupt."""
+    s = tmp_path / "sweep"
+    s.mkdir()
+    (s / "multirun.yaml").write_text("hydra:\n  overrides:\n    task:\n    - norm=pre,post\n    - seed=0,1,2\n"
+                                     "    - output_root=/tmp/x\n")
+    common = ["logger=csv", "output_root=/tmp/x"]
+    write_run(s / "0", ["norm=pre", "seed=0", *common], done(1.0, 0.9, 0.8, **by_length({1: 1.0, 2: 0.8}, {3: 0.2})),
+              val_em=[0.5, 0.95, 0.97])
+    write_run(s / "1", ["norm=pre", "seed=1", *common], done(2.0, 0.7, 0.6, **by_length({1: 0.8, 2: 0.6}, {3: 0.0})),
+              val_em=[0.92, 0.5, 0.99])
+    write_run(s / "2", ["norm=pre", "seed=2", *common], {**done(float("nan"), 0.0, 0.0), "status": "diverged",
+              "diverged": {"step": 300, "reason": "loss is nan"}}, val_em=[0.1])
+    write_run(s / "3", ["norm=post", "seed=0", *common], done(0.5, 0.2, 0.1, tokens_per_s=800.0, params=900),
+              val_em=[0.1, 0.2, 0.3])
+    failed = {"status": "failed", "error": "ValueError: bad shape\n  line 2"}
+    write_run(s / "4", ["norm=post", "seed=1", *common], failed)
+    write_run(s / "5", ["norm=post", "seed=2", *common], None, val_em=[0.1] * 5)
+    write_run(s / "6", ["norm=pre", "seed=3", *common], None)
+    (s / "6" / "results.json").write_text('{"status": "compl')
+    return s
+
+
+def cells(report) -> dict:
+    return {c.label: c for c in report.cells}
+
+
+def test_table_has_one_row_per_cell_with_mean_and_std_over_seeds(sweep):
+    report = compare([sweep])
+    assert report.keys == ["norm"]
+    got = cells(report)
+    assert sorted(got) == ["norm=post", "norm=pre"]
+    pre, post = got["norm=pre"], got["norm=post"]
+    assert pre.seeds == 2 and post.seeds == 1
+    assert pre.stats["val/loss"].mean == pytest.approx(1.5)
+    assert pre.stats["val/loss"].std == pytest.approx(math.sqrt(0.5))  # sample std of 1.0 and 2.0
+    assert pre.stats["test/exact_match"].mean == pytest.approx(0.7)
+    assert post.stats["val/loss"].mean == pytest.approx(0.5) and post.stats["val/loss"].std is None
+    assert post.stats["tokens_per_s"].mean == 800.0 and post.stats["params"].mean == 900
+    assert (len(pre.of("diverged")), len(pre.of("failed"))) == (1, 0)
+    assert (len(post.of("diverged")), len(post.of("failed"))) == (0, 1)
+
+
+def test_steps_to_target_first_logged_step_mean_over_runs(sweep):
+    got = cells(compare([sweep]))  # default target val/exact_match>=0.9; csv step 19 is the 20th step
+    assert got["norm=pre"].target_steps == [20, 10]
+    assert got["norm=post"].target_steps == [None]
+    text = terminal(compare([sweep]))
+    assert "15 +- 7" in text and "never" in text
+    partial = cells(compare([sweep], target="val/exact_match>0.96"))["norm=pre"]
+    assert partial.target_steps == [30, 30]
+    half = cells(compare([sweep], target="val/exact_match>=0.95"))["norm=pre"]
+    assert half.target_steps == [20, 30]
+    assert compare([sweep], target="none").target is None
+
+
+def test_partly_reached_target_shows_how_many(tmp_path):
+    s = tmp_path / "s"
+    write_run(s / "0", ["seed=0"], done(1.0, 0.9, 0.9), val_em=[0.95])
+    write_run(s / "1", ["seed=1"], done(1.0, 0.9, 0.9), val_em=[0.5])
+    report = compare([s])
+    assert [c.label for c in report.cells] == ["all runs"]
+    assert "10 (1/2)" in terminal(report)
+
+
+def test_sorted_best_first_direction_from_the_name(sweep):
+    by_loss = compare([sweep])
+    assert [c.label for c in by_loss.cells] == ["norm=post", "norm=pre"]
+    assert by_loss.cells[0].best and not by_loss.cells[1].best
+    by_em = compare([sweep], sort="val/exact_match")
+    assert [c.label for c in by_em.cells] == ["norm=pre", "norm=post"] and by_em.cells[0].best
+    assert [c.label for c in compare([sweep], sort="val/exact_match:min").cells] == ["norm=post", "norm=pre"]
+    assert [c.label for c in compare([sweep], sort="tokens_per_s").cells] == ["norm=post", "norm=pre"]
+    assert [c.label for c in compare([sweep], sort="target").cells] == ["norm=pre", "norm=post"]
+    rows = [line for line in terminal(by_loss).splitlines() if "norm=" not in line and line.startswith(("*", " "))]
+    assert rows[0].startswith("*") and "post" in rows[0] and "pre" in rows[1]
+
+
+def test_failed_diverged_running_and_corrupt_runs_are_listed(sweep):
+    report = compare([sweep])
+    reasons = {s.run_dir.name: s.reason for s in report.skipped}
+    assert reasons["5"] == "running or interrupted: no results.json, last logged step 50"
+    assert reasons["6"].startswith("unreadable results.json")
+    assert set(reasons) == {"5", "6"}
+    text = terminal(report)
+    assert "4 (norm=post seed=1): ValueError: bad shape" in text and "line 2" not in text
+    assert "2 (norm=pre seed=2): at step 300: loss is nan" in text
+    assert "7 runs: 3 completed, 1 failed, 1 diverged, 2 skipped" in text
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("[1, 2]", "expected a JSON object"),
+    ('{"status": "done"}', "status='done'"),
+    ('{"status": "completed", "val": 3}', "'val' is a int"),
+    ("", "Expecting value"),
+])
+def test_unusable_results_json_is_skipped_with_the_reason(tmp_path, content, reason):
+    write_run(tmp_path / "s" / "0", ["seed=0"], done(1.0, 0.5, 0.5))
+    write_run(tmp_path / "s" / "1", ["seed=1"], None)
+    (tmp_path / "s" / "1" / "results.json").write_text(content)
+    report = compare([tmp_path / "s"])
+    assert len(report.cells[0].runs) == 1
+    assert reason in report.skipped[0].reason
+
+
+def test_unreadable_metrics_csv_keeps_the_run_without_curves(tmp_path):
+    s = tmp_path / "s"
+    write_run(s / "0", ["seed=0"], done(1.0, 0.5, 0.5))
+    (s / "0" / "metrics.csv").write_text("no,header,here\n1,2,3\n")
+    report = compare([s])
+    assert report.cells[0].seeds == 1 and report.cells[0].target_steps == []
+    assert any("metrics.csv left out: no 'step' column" in n for n in report.notes)
+
+
+def test_metrics_csv_drops_the_final_evaluation_and_half_written_lines(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text(HEADER + "0,9,3.0,2.0,0.1,\n0,19,,1.5,0.2,\n1,20,,1.4,0.3,\n1,20,,,,0.25\n0,2")
+    series = read_metrics(path)
+    assert series["val/loss"] == [(10, 2.0), (20, 1.5)]  # the validation at the final step is the best checkpoint's
+    assert series["test/exact_match"] == [(21, 0.25)]
+    assert series["train/loss"] == [(10, 3.0)]
+
+
+def test_mean_band_aligns_runs_logged_at_different_steps():
+    x, mean, std = mean_band([{1.0: 1.0, 3.0: 3.0}, {2.0: 4.0, 4.0: 6.0}])
+    assert x.tolist() == [1, 2, 3, 4]
+    assert mean.tolist() == pytest.approx([1.0, 3.0, 4.0, 6.0])  # step 2: (2 + 4) / 2, the first interpolated
+    assert std.tolist() == pytest.approx([0.0, math.sqrt(2), math.sqrt(2), 0.0])
+
+
+def test_writes_pngs_markdown_csv_and_json(sweep, tmp_path):
+    import matplotlib.pyplot as plt
+
+    report = compare([sweep], out=tmp_path / "report")
+    written = write(report)
+    names = sorted(p.name for p in written)
+    assert names == ["comparison.csv", "comparison.json", "comparison.md", "comparison_by_length.png",
+                     "comparison_val_loss.png"]
+    for png in ("comparison_val_loss.png", "comparison_by_length.png"):
+        image = plt.imread(tmp_path / "report" / png)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0
+    md = (tmp_path / "report" / "comparison.md").read_text()
+    assert "| best | norm | seeds | val/loss | val/exact_match | test/exact_match |" in md
+    assert "| * | post | 1 | 0.5000 |" in md
+    assert "| pre | 2 | 1.5000 +- 0.7071 | 0.8000 +- 0.1414 |" in md
+    assert "![validation loss](comparison_val_loss.png)" in md
+    assert "![exact match by sequence length](comparison_by_length.png)" in md
+    assert "## Failed runs" in md and "ValueError: bad shape" in md and "## Skipped runs" in md
+    rows = (tmp_path / "report" / "comparison.csv").read_text().splitlines()
+    assert rows[0].startswith("best,norm,seeds,val/loss_mean,val/loss_std")
+    assert rows[1].startswith("1,post,1,0.5,") and rows[2].startswith("0,pre,2,1.5,0.707")
+    data = json.loads((tmp_path / "report" / "comparison.json").read_text())
+    assert data["cells"][1]["target_steps"] == [20, 10] and data["failed"][0]["error"].startswith("ValueError")
+
+
+def test_by_length_plot_needs_by_length_data(tmp_path):
+    write_run(tmp_path / "s" / "0", ["seed=0"], done(1.0, 0.5, 0.5), val_em=[0.1, 0.2])
+    written = write(compare([tmp_path / "s"]))
+    assert "comparison_val_loss.png" in [p.name for p in written]
+    assert "comparison_by_length.png" not in [p.name for p in written]
+
+
+def test_sweeps_combined_cells_by_what_differs(tmp_path):
+    """Two sweeps without multirun.yaml: pos differs between them (a group choice), model.n_layers is set in one
+    and left default in the other (its value then comes from the run's config.yaml)."""
+    for i, pos in enumerate(("rotary", "alibi")):
+        d = write_run(tmp_path / pos / "0", [f"pos={pos}", "seed=0"] + (["model.n_layers=4"] if i else []),
+                      done(1.0 + i, 0.5, 0.5))
+        (d / "config.yaml").write_text("model:\n  n_layers: 2\n" if i == 0 else "model:\n  n_layers: 4\n")
+    report = compare([tmp_path / "rotary", tmp_path / "alibi"], out=tmp_path / "out")
+    assert report.keys == ["pos", "model.n_layers"]
+    assert [c.label for c in report.cells] == ["pos=rotary model.n_layers=2", "pos=alibi model.n_layers=4"]
+
+
+def test_the_same_directory_twice_counts_each_run_once(sweep):
+    assert cells(compare([sweep, sweep / "0", sweep]))["norm=pre"].seeds == 2
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"target": "val/exact_match=0.9"}, r"--target 'val/exact_match=0.9' is not METRIC OP VALUE.*--target none"),
+    ({"target": "val/acc>=0.9"}, r"no run logs 'val/acc'; metrics.csv columns: .*val/exact_match"),
+    ({"sort": "val/nope"}, r"--sort 'val/nope': no such column; choose one of .*val/loss"),
+    ({"sort": "steps"}, r"cannot tell whether lower or higher is better; write steps:min or steps:max"),
+    ({"sort": "val/loss:down"}, r"must be min or max"),
+    ({"sort": "target", "target": "none"}, r"needs a target"),
+    ({"metrics": ["val/bleu"]}, r"--metrics val/bleu: not in the results; choose from .*val/loss"),
+])
+def test_bad_expressions_are_refused_naming_the_value(sweep, kwargs, match):
+    with pytest.raises(CompareError, match=match):
+        compare([sweep], **kwargs)
+
+
+def test_bad_directories_are_refused(tmp_path):
+    with pytest.raises(CompareError, match=r"nowhere does not exist; give a sweep directory"):
+        compare([tmp_path / "nowhere"])
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(CompareError, match=r"empty holds no runs \(no results.json or .hydra/overrides.yaml"):
+        compare([tmp_path / "empty"])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CompareError, match="is not a directory"):
+        compare([tmp_path / "file"])
+
+
+def test_cli_prints_the_table_writes_files_and_exits_2_on_bad_input(sweep, tmp_path):
+    run = lambda *args: subprocess.run([sys.executable, "compare.py", *map(str, args)], cwd=ROOT,
+                                       capture_output=True, text=True, timeout=120)
+    ok = run(sweep, "--no-plots", "--sort", "val/exact_match")
+    assert ok.returncode == 0, ok.stderr
+    assert "*     pre       2" in ok.stdout and "running or interrupted" in ok.stdout
+    assert (sweep / "comparison.md").is_file() and not (sweep / "comparison_val_loss.png").exists()
+    bad = run(tmp_path / "nowhere")
+    assert bad.returncode == 2 and "error:" in bad.stderr and "nowhere does not exist" in bad.stderr
+    assert run(sweep, "--target", "x=>1").returncode == 2
