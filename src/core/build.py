@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+import torch
 from torch import nn
 
 from src.core.config import ModelConfig
@@ -21,7 +23,7 @@ from src.variants.norm import make_norm
 from src.variants.pos import ALiBi, LearnedPosition, NoPosition, PositionalEncoding, RelativeBias, Rotary, Sinusoidal
 from src.variants.residual import PLACEMENTS, DeepNorm, Residual
 
-__all__ = ["ModelConfig", "build_model", "count_parameters"]
+__all__ = ["ModelConfig", "build_model", "count_parameters", "match_d_ff", "parameter_count"]
 
 
 def make_pos(cfg: ModelConfig, causal: bool) -> PositionalEncoding:
@@ -100,3 +102,32 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
     """Parameters counted once even when shared (tied embeddings)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Trainable parameters of the model `cfg` describes, built on the meta device (no memory, no init cost)."""
+    with torch.device("meta"):
+        return count_parameters(build_model(cfg))
+
+
+def match_d_ff(cfg: ModelConfig, target: int) -> tuple[ModelConfig, int]:
+    """The config with the d_ff (>= 1) whose model comes closest to `target` parameters, and that count.
+
+    The count is affine in d_ff for ReLU/GELU FFNs and nearly so for gated ones (hidden = round(2 d_ff / 3)), so
+    two probes give the slope and a few neighbours of the estimate settle the rounding.
+    """
+    if not isinstance(target, int) or isinstance(target, bool) or target < 1:
+        raise ValueError(f"match_params={target!r} must be a positive parameter count, model fields naming a "
+                         f"reference model (e.g. {{ffn: relu}}), or null to turn it off")
+    if cfg.ffn in ("swiglu", "geglu") and cfg.gated_d_ff is not None:
+        raise ValueError(f"match_params adjusts d_ff, but ffn={cfg.ffn} uses gated_d_ff={cfg.gated_d_ff}; "
+                         f"set model.gated_d_ff=null so it follows d_ff")
+    with_d_ff = lambda d_ff: dataclasses.replace(cfg, d_ff=d_ff)
+    base, slope = parameter_count(with_d_ff(3)), (parameter_count(with_d_ff(303)) - parameter_count(with_d_ff(3))) / 300
+    if target < base - 3 * slope:
+        raise ValueError(f"match_params={target:,} is below the {base - 3 * slope:,.0f} parameters this model has "
+                         f"without its FFNs; raise match_params or shrink d_model / n_layers")
+    guess = max(1, round(3 + (target - base) / slope))
+    counts = {d: parameter_count(with_d_ff(d)) for d in range(max(1, guess - 2), guess + 3)}
+    best = min(counts, key=lambda d: (abs(counts[d] - target), d))
+    return with_d_ff(best), counts[best]

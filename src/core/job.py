@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from src.core.checkpoint import resolve_ckpt_path
 from src.core.config import DecodingConfig, ModelConfig
 from src.core.loggers import LOGGERS, finish_wandb, wandb_mode
 from src.core.runinfo import RunInfo, run_info
-from src.core.sweep import append_summary
+from src.core.sweep import append_summary, earlier_run
 from src.core.tasks.base import Task
 
 log = logging.getLogger("train")
@@ -64,10 +65,34 @@ def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
         task.check_model(model_cfg)
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
+    filled = list(task.model_fields())
+    if cfg.match_params is not None:
+        model_cfg = match_params(model_cfg, cfg.match_params)
+        filled.append("d_ff")
     with open_dict(cfg):  # the resolved config records what was actually built
-        for key in task.model_fields():
+        for key in filled:
             cfg.model[key] = getattr(model_cfg, key)
     return model_cfg
+
+
+def match_params(model_cfg: ModelConfig, target: Any) -> ModelConfig:
+    """Solve model.d_ff for `target`: a parameter count, or model fields naming a reference model (this model with
+    those fields changed, e.g. {ffn: relu}), whose parameter count is then the target."""
+    from src.core.build import match_d_ff, parameter_count  # imports torch; only when asked for
+
+    try:
+        if isinstance(target, DictConfig):
+            fields = OmegaConf.to_container(target, resolve=True)
+            reference = ModelConfig.from_dict({**model_cfg.to_dict(), **fields})
+            target = parameter_count(reference)
+            log.info(f"match_params: the reference model ({', '.join(f'{k}={v}' for k, v in fields.items())}) "
+                     f"has {target:,} parameters")
+        matched, count = match_d_ff(model_cfg, target)
+    except ValueError as e:
+        raise ConfigError(str(e) if str(e).startswith("match_params") else f"match_params: {e}") from None
+    log.info(f"match_params: model.d_ff={matched.d_ff} gives {count:,} parameters ({(count - target) / target:+.2%} "
+             f"from {target:,})")
+    return matched
 
 
 def check_training(cfg: DictConfig) -> None:
@@ -104,6 +129,12 @@ def check_training(cfg: DictConfig) -> None:
         DecodingConfig.from_dict(OmegaConf.to_container(cfg.decoding, resolve=True))
     except ValueError as e:
         fail(str(e))
+    if not isinstance(cfg.objective, str) or "/" not in cfg.objective:
+        fail(f"objective={cfg.objective!r} must name a results.json metric as split/name, e.g. val/loss or "
+             f"val/exact_match")
+    threads = cfg.threads
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        fail(f"threads={threads!r} must be a positive number of CPU threads, or null for torch's default")
     if not isinstance(cfg.eval.decode_samples, int) or cfg.eval.decode_samples < 0:
         fail(f"eval.decode_samples={cfg.eval.decode_samples!r} must be a number of examples >= 0 (0: no decoding)")
     interval = trainer.get("val_check_interval")
@@ -139,15 +170,76 @@ def record_failure(info: RunInfo, error: BaseException) -> dict[str, Any]:
     return results
 
 
+def cpu_threads(cfg: DictConfig) -> int | None:
+    """cfg.threads; else under a launcher that runs several jobs on one machine, that job's share of the cores
+    (torch would otherwise start one thread per core in every job, and the jobs would slow each other many
+    times); else None (torch's default)."""
+    if cfg.threads is not None:
+        return cfg.threads
+    from hydra.core.hydra_config import HydraConfig
+
+    launcher = HydraConfig.get().launcher
+    target = str(launcher.get("_target_", ""))
+    if launcher.get("cpus_per_task"):  # submitit: what the scheduler allots each job
+        return int(launcher.cpus_per_task)
+    if "JoblibLauncher" in target:
+        cores, n_jobs = os.cpu_count() or 1, launcher.get("n_jobs") or 1
+        return max(1, cores // (cores if n_jobs < 0 else n_jobs))  # joblib: n_jobs=-1 is one job per core
+    if target.endswith("submitit_launcher.LocalLauncher"):
+        return 1  # submitit_local starts every job at once
+    return None
+
+
+def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, Any] | None:
+    """In a sweep re-run into its own directory: the earlier results of a finished cell (the job is skipped),
+    or None after pointing an interrupted cell at its last checkpoint."""
+    if not info.multirun:
+        return None
+    try:
+        state, results = earlier_run(info.run_dir, OmegaConf.to_container(cfg, resolve=True))
+    except ValueError as e:
+        raise CellConflict(str(e)) from None
+    if state == "finished":
+        log.info(f"job {info.job_num} ({info.name}): {results['status']} earlier in {info.run_dir}; skipped")
+        return results
+    if state == "resume" and setup.ckpt_path is None:
+        setup.ckpt_path = info.run_dir / "checkpoints" / "last.ckpt"
+        log.info(f"job {info.job_num} ({info.name}): resuming the interrupted run from {setup.ckpt_path}")
+    return None
+
+
+class CellConflict(RuntimeError):
+    """A sweep job's directory holds a run of another configuration; it is left untouched."""
+
+
 def run_job(cfg: DictConfig, start_time: float) -> float:
     """Train one configuration. Returns the final validation loss (NaN for a failed job in a sweep, which is
     recorded and does not stop the other jobs)."""
     info = run_info(cfg)
     try:
         setup = prepare(cfg, info)
-        from src.core.fit import train  # heavy imports (lightning, torchmetrics, wandb) from here on
+        if cfg.trace_shapes:
+            from src.core.trace import trace_shapes
+
+            print(trace_shapes(setup.model_cfg, setup.task, cfg.seed))
+            return math.nan
+        done = skip_or_resume(cfg, info, setup)
+        if done is not None:
+            append_summary(info, done, skipped=True)
+            return objective_value(done, cfg.objective)
+        threads = cpu_threads(cfg)
+        import torch  # noqa: I001  (heavy imports from here on)
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+            log.info(f"torch CPU threads: {threads}")
+        from src.core.fit import train
 
         results = train(cfg, setup, info, start_time)
+    except CellConflict as error:  # never record anything in that directory
+        log.error(f"job {info.job_num} ({info.name}) not run: {error}")
+        append_summary(info, {"status": "failed", "error": str(error)})
+        return math.nan
     except Exception as error:
         finish_wandb(exit_code=1)
         results = record_failure(info, error)
@@ -161,4 +253,15 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         raise
     if info.multirun and results:
         append_summary(info, results)
-    return results["val"]["loss"] if results else math.nan
+    return objective_value(results, cfg.objective) if results else math.nan
+
+
+def objective_value(results: dict[str, Any], objective: str) -> float:
+    """results[split][name] for objective "split/name" (NaN, with a logged error, when the run has no such metric)."""
+    split, _, name = objective.partition("/")
+    value = (results.get(split) or {}).get(name)
+    if not isinstance(value, (int, float)):
+        log.error(f"objective={objective!r}: the run recorded no such metric; available: "
+                  + ", ".join(f"{s}/{k}" for s in ("val", "test") for k in results.get(s) or {}))
+        return math.nan
+    return float(value)
