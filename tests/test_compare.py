@@ -132,6 +132,7 @@ def test_failed_diverged_running_and_corrupt_runs_are_listed(sweep):
     text = terminal(report)
     assert "4 (norm=post seed=1): ValueError: bad shape" in text and "line 2" not in text
     assert "2 (norm=pre seed=2): at step 300: loss is nan" in text
+    assert "5 (norm=post seed=2): running or interrupted: no results.json, last logged step 50" in text
     assert "7 runs: 3 completed, 1 failed, 1 diverged, 2 skipped" in text
 
 
@@ -148,6 +149,22 @@ def test_unusable_results_json_is_skipped_with_the_reason(tmp_path, content, rea
     report = compare([tmp_path / "s"])
     assert len(report.cells[0].runs) == 1
     assert reason in report.skipped[0].reason
+
+
+def test_sweep_just_started_or_all_failed_still_reports(tmp_path):
+    s = tmp_path / "s"
+    write_run(s / "0", ["norm=pre", "seed=0"], None)
+    write_run(s / "1", ["norm=post", "seed=0"], None, val_em=[0.5, 0.6])
+    (s / "1" / "metrics.csv").write_text(HEADER + "0,9,,2.0,0.5,\n0,19,,1.9\n0,")  # a line being written
+    report = compare([s])
+    assert report.cells == [] and [x.reason for x in report.skipped] == [
+        "running or interrupted: no results.json, nothing logged yet",
+        "running or interrupted: no results.json, last logged step 20"]
+    assert not any(p.suffix == ".png" for p in write(report))
+    write_run(s / "2", ["norm=pre", "seed=1"], {"status": "failed", "error": "RuntimeError: out of memory"})
+    report = compare([s])
+    assert [(c.label, c.seeds, len(c.of("failed"))) for c in report.cells] == [("all runs", 0, 1)]
+    assert "RuntimeError: out of memory" in terminal(report)
 
 
 def test_unreadable_metrics_csv_keeps_the_run_without_curves(tmp_path):

@@ -99,12 +99,20 @@ def where(path: Path, base: Path) -> str:
 
 def run_lists(report: Report, base: Path, md: bool) -> list[tuple[str, list[str]]]:
     """(title, lines) for the failed, diverged and skipped runs, and notes about the runs used; a run is named by
-    its directory (relative to `base` when under it; in backticks in markdown) and its overrides."""
+    its directory (relative to `base` when under it; in backticks in markdown), its cell and seed."""
     tick = (lambda p: f"`{p}`") if md else str
-    failed = [f"{tick(where(r.run_dir, base))} ({r.name}): {first_line(r.results.get('error'))}"
-              for r in report.runs("failed")]
-    diverged = [f"{tick(where(r.run_dir, base))} ({r.name}): {divergence(r)}" for r in report.runs("diverged")]
-    skipped = [f"{tick(where(s.run_dir, base))}: {s.reason}" for s in report.skipped]
+
+    def line(run_dir: Path, name: str, what: str) -> str:
+        return f"{tick(where(run_dir, base))}" + (f" ({name})" if name else "") + f": {what}"
+
+    def named(cell: Cell, run: Run) -> str:
+        seed = f"seed={run.values['seed']}" if "seed" in run.values else ""
+        return " ".join(x for x in (cell.label if report.keys else "", seed) if x)
+
+    failed = [line(r.run_dir, named(c, r), first_line(r.results.get("error"))) for c in report.cells
+              for r in c.of("failed")]
+    diverged = [line(r.run_dir, named(c, r), divergence(r)) for c in report.cells for r in c.of("diverged")]
+    skipped = [line(s.run_dir, s.name, s.reason) for s in report.skipped]
     return [("Failed runs", failed), ("Diverged runs", diverged), ("Skipped runs", skipped), ("Notes", report.notes)]
 
 

@@ -32,15 +32,12 @@ class Run:
     metrics: dict[str, Series] | None = None  # None: metrics.csv missing or unreadable
     notes: list[str] = field(default_factory=list)  # why some of it could not be read
 
-    @property
-    def name(self) -> str:
-        return " ".join(o for o in self.results.get("overrides") or [] if not ignored(key_of(o))) or "defaults"
-
 
 @dataclass
 class Skipped:
     run_dir: Path
     reason: str
+    name: str = ""  # its overrides, as far as they can be read
 
 
 def key_of(override: str) -> str:
@@ -77,9 +74,10 @@ def read_metrics(path: Path) -> dict[str, Series]:
     Validation rows logged after training (train.py validates and tests the best checkpoint at the final step)
     are dropped, so val/ series hold the curve seen while training."""
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or "step" not in rows[0]:
-        raise ValueError("no 'step' column")
+        reader = csv.DictReader(f)
+        if "step" not in (reader.fieldnames or []):
+            raise ValueError("no 'step' column")
+        rows = list(reader)
     series: dict[str, Series] = {}
     for row in rows:
         try:
@@ -114,6 +112,17 @@ def last_step(run_dir: Path) -> str:
         return f"{METRICS} unreadable ({e})"
 
 
+def job_name(run_dir: Path) -> str:
+    """The job's overrides that say what is trained (.hydra/overrides.yaml), '' if unreadable."""
+    try:
+        overrides = yaml.safe_load((run_dir / OVERRIDES).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ""
+    if not isinstance(overrides, list):
+        return ""
+    return " ".join(str(o) for o in overrides if not ignored(key_of(str(o))))
+
+
 def read_values(results: dict[str, Any]) -> dict[str, str]:
     values = {g: canon(o) for g, o in (results.get("choices") or {}).items() if not ignored(g)}
     for override in results.get("overrides") or []:
@@ -140,11 +149,11 @@ def read_results(path: Path) -> dict[str, Any]:
 def load_run(run_dir: Path) -> Run | Skipped:
     path = run_dir / RESULTS
     if not path.is_file():
-        return Skipped(run_dir, f"running or interrupted: no {RESULTS}, {last_step(run_dir)}")
+        return Skipped(run_dir, f"running or interrupted: no {RESULTS}, {last_step(run_dir)}", job_name(run_dir))
     try:
         results = read_results(path)
     except (OSError, UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-        return Skipped(run_dir, f"unreadable {RESULTS}: {e}")
+        return Skipped(run_dir, f"unreadable {RESULTS}: {e}", job_name(run_dir))
     run = Run(run_dir, results["status"], results, read_values(results))
     if run.status != "failed":
         try:
