@@ -275,3 +275,15 @@ def test_cli_prints_the_table_writes_files_and_exits_2_on_bad_input(sweep, tmp_p
     bad = run(tmp_path / "nowhere")
     assert bad.returncode == 2 and "error:" in bad.stderr and "nowhere does not exist" in bad.stderr
     assert run(sweep, "--target", "x=>1").returncode == 2
+
+
+def test_nan_metric_sorts_last_and_json_stays_strict(tmp_path):
+    s = tmp_path / "s"
+    write_run(s / "0", ["norm=pre", "seed=0"], done(float("nan"), 0.5, 0.5))
+    write_run(s / "1", ["norm=post", "seed=0"], done(3.0, 0.5, 0.5))
+    report = compare([s])
+    assert [c.label for c in report.cells] == ["norm=post", "norm=pre"] and report.cells[0].best
+    assert "  nan  " in terminal(report)
+    write(report, plots=False)
+    data = json.loads((s / "comparison.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in json"))
+    assert data["cells"][1]["stats"]["val/loss"]["mean"] is None

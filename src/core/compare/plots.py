@@ -111,6 +111,9 @@ def plot_by_length(cells: list[Cell], path: Path, name: str = "exact_match") -> 
     if not drawn:
         return None
     fig, ax = _axes(f"test {name} by sequence length (mean +- 1 std over seeds)", "sequence length", name)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for label, curves in drawn:
         _draw(ax, label, curves)
     edge = train_length_edge([r for c in cells for r in c.of("completed")])

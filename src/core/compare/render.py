@@ -191,4 +191,13 @@ def json_text(report: Report) -> str:
                          for r in report.runs("diverged")],
             "skipped": [{"run_dir": str(s.run_dir), "reason": s.reason} for s in report.skipped],
             "notes": report.notes, "plots": {t: str(p) for t, p in report.plots.items()}}
-    return json.dumps(data, indent=2, allow_nan=True)
+    return json.dumps(strict(data), indent=2, allow_nan=False)
+
+
+def strict(x: Any) -> Any:
+    """NaN and infinities as null: comparison.json stays valid JSON for any reader."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    return [strict(v) for v in x] if isinstance(x, (list, tuple)) else x
