@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from src.core.compare.runs import CompareError, Run, config_value, ignored, key_of, metric
+from src.core.compare.runs import CompareError, Run, ignored, key_of, lookup, metric, read_config
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 LOWER_BETTER = ("loss", "ppl", "params", "target")
@@ -89,9 +89,9 @@ def varying_keys(runs: list[Run], sweep_keys: list[str]) -> list[str]:
     order += [k for r in runs for k in [*map(key_of, r.results.get("overrides") or []), *r.values]]
     keys = [k for k in dict.fromkeys(order) if k != "seed" and not ignored(k)]
     for run in runs:
-        for key in keys:
-            if key not in run.values:
-                run.values[key] = config_value(run.run_dir, key) or "-"
+        missing = [k for k in keys if k not in run.values]
+        config = read_config(run.run_dir) if missing else None
+        run.values.update({k: lookup(config, k) or "-" for k in missing})
     return [k for k in keys if k in sweep_keys or len({r.values[k] for r in runs}) > 1]
 
 

@@ -44,9 +44,13 @@ def key_of(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+IGNORED = (*NAME_IGNORED, "threads", "trace_shapes")  # where or how a run is logged or executed
+
+
 def ignored(key: str) -> bool:
-    """Keys that say where or how to log (output_root, logger*, ckpt_path, hydra.*), not what is trained."""
-    return any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in NAME_IGNORED)
+    """Keys that say where or how to log or run (output_root, logger*, ckpt_path, hydra.*, threads), not what is
+    trained."""
+    return any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in IGNORED)
 
 
 def canon(value: Any) -> str:
@@ -177,14 +181,18 @@ def metric(run: Run, key: str) -> float | None:
     return number(value)
 
 
-def config_value(run_dir: Path, dotted: str) -> str | None:
-    """A key's value in the run's resolved config.yaml (for a key set in other runs but left default here)."""
+def read_config(run_dir: Path) -> Any:
+    """The run's resolved config.yaml; None if missing or unreadable."""
     try:
-        node: Any = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        return yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
+
+
+def lookup(config: Any, dotted: str) -> str | None:
+    """A key's value in a resolved config (for a key set in other runs but left at its default in this one)."""
     for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
+        if not isinstance(config, dict) or part not in config:
             return None
-        node = node[part]
-    return None if isinstance(node, (dict, list)) else canon(node)
+        config = config[part]
+    return None if isinstance(config, (dict, list)) else canon(config)
