@@ -27,6 +27,7 @@ class RunInfo:
     multirun: bool = False
     sweep_dir: Path | None = None
     job_num: int | None = None
+    swept: dict[str, Any] = field(default_factory=dict)  # this job's value of every key the sweep varies
 
 
 def _key(override: str) -> str:
@@ -62,9 +63,12 @@ def run_info(cfg: DictConfig) -> RunInfo:
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = Path(hc.sweep.dir) if multirun else None
     named = [o for o in overrides if _named(o)]
+    swept: dict[str, Any] = {}
     if multirun:
         varying = sweep_keys(sweep_dir)
         named = [o for o in named if _key(o) in varying] or named
+        swept = {_key(o): OmegaConf.select(cfg, _key(o), default=o.split("=", 1)[1]) if _key(o) not in choices
+                 else choices[_key(o)] for o in overrides if _key(o) in varying}
     name = " ".join(named) or "defaults"
     group = cfg.logger.get("group") or cfg.get("experiment_name")
     if group is None and multirun:
@@ -73,12 +77,15 @@ def run_info(cfg: DictConfig) -> RunInfo:
     tags += [str(t) for t in cfg.logger.get("tags") or []]
     return RunInfo(run_dir=Path(hc.runtime.output_dir), choices=choices, overrides=overrides, name=name,
                    group=group, tags=tags, multirun=multirun, sweep_dir=sweep_dir,
-                   job_num=hc.job.num if multirun else None)
+                   job_num=hc.job.num if multirun else None, swept=swept)
 
 
 def wandb_config(cfg: DictConfig, info: RunInfo, extra: dict[str, Any]) -> dict[str, Any]:
     """What W&B's config receives: every group's chosen option as a top-level key (model, norm, pos, ffn, task,
-    ...) for grouping and filtering, the seed, and the whole resolved config under `cfg` (shown as
-    cfg.model.d_model, cfg.optim.lr, ... in the runs table and parallel coordinates)."""
+    ...) for grouping and filtering, the seed, in a sweep every swept key with this job's value (e.g.
+    `model.n_layers`) and `cell` (the swept settings but the seed: group by it to average over seeds), and the
+    whole resolved config under `cfg` (cfg.model.d_model, cfg.optim.lr, ... in the runs table)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    return {**{g: o for g, o in info.choices.items()}, "seed": cfg.seed, **extra, "cfg": resolved}
+    cell = " ".join(f"{k}={v}" for k, v in info.swept.items() if k != "seed")
+    sweep = {**info.swept, "cell": cell or "all"} if info.multirun else {}
+    return {**{g: o for g, o in info.choices.items()}, "seed": cfg.seed, **sweep, **extra, "cfg": resolved}
