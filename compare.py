@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "tokens_per_s, target, ...; lower or higher is better from the name, or add :min / :max")
     p.add_argument("--metrics", help="comma-separated final metrics to show instead of the default ones, "
                    "e.g. val/loss,test/acc,test_long/acc")
+    p.add_argument("--length-metric", default="exact_match", choices=["exact_match", "acc"],
+                   help="what the by-length plot shows (default: exact_match; acc: token accuracy)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return p.parse_args(argv)
 
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     try:
         report = compare(args.sweeps, args.out, args.target, args.sort, metrics)
-        written = write(report, plots=not args.no_plots)
+        written = write(report, plots=not args.no_plots, length_metric=args.length_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

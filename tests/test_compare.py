@@ -208,13 +208,20 @@ def test_writes_pngs_markdown_csv_and_json(sweep, tmp_path):
     assert "| * | post | 1 | 0.5000 |" in md
     assert "| pre | 2 | 1.5000 +- 0.7071 | 0.8000 +- 0.1414 |" in md
     assert "![validation loss](comparison_val_loss.png)" in md
-    assert "![exact match by sequence length](comparison_by_length.png)" in md
+    assert "![exact_match by sequence length](comparison_by_length.png)" in md
     assert "## Failed runs" in md and "ValueError: bad shape" in md and "## Skipped runs" in md
     rows = (tmp_path / "report" / "comparison.csv").read_text().splitlines()
     assert rows[0].startswith("best,norm,seeds,val/loss_mean,val/loss_std")
     assert rows[1].startswith("1,post,1,0.5,") and rows[2].startswith("0,pre,2,1.5,0.707")
     data = json.loads((tmp_path / "report" / "comparison.json").read_text())
     assert data["cells"][1]["target_steps"] == [20, 10] and data["failed"][0]["error"].startswith("ValueError")
+
+
+def test_tied_best_cells_are_all_marked(sweep):
+    report = compare([sweep], sort="params")  # post 900, pre 1000
+    assert [c.best for c in report.cells] == [True, False]
+    report = compare([sweep], sort="steps:min")  # 30 steps in both
+    assert [c.best for c in report.cells] == [True, True] and "(a tie)" in terminal(report)
 
 
 def test_by_length_plot_needs_by_length_data(tmp_path):
@@ -263,6 +270,9 @@ def test_bad_directories_are_refused(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CompareError, match="is not a directory"):
         compare([tmp_path / "file"])
+    write_run(tmp_path / "s" / "0", ["seed=0"], done(1.0, 0.5, 0.5))
+    with pytest.raises(CompareError, match="--length-metric 'bleu': choose one of exact_match, acc"):
+        write(compare([tmp_path / "s"]), length_metric="bleu")
 
 
 def test_cli_prints_the_table_writes_files_and_exits_2_on_bad_input(sweep, tmp_path):

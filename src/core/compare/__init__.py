@@ -25,6 +25,7 @@ from src.core.compare.runs import CompareError, Run, Skipped, find_runs, load_ru
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
 FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          "loss": "comparison_val_loss.png", "length": "comparison_by_length.png"}
+LENGTH_METRICS = ("exact_match", "acc")  # the metrics results.json's by_length holds per length
 
 
 def run_dirs(sources: list[Path]) -> list[Path]:
@@ -106,13 +107,17 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     return Report(paths, out_dir, keys, columns, sort_cells(cells, order), tgt, order, skipped, notes, {})
 
 
-def write(report: Report, plots: bool = True) -> list[Path]:
-    """Write the plots, comparison.md, .csv and .json into report.out_dir; returns the paths written."""
+def write(report: Report, plots: bool = True, length_metric: str = "exact_match") -> list[Path]:
+    """Write the plots, comparison.md, .csv and .json into report.out_dir; returns the paths written.
+    length_metric: what the by-length plot shows, exact_match or acc (token accuracy)."""
+    if length_metric not in LENGTH_METRICS:
+        raise CompareError(f"--length-metric {length_metric!r}: choose one of {', '.join(LENGTH_METRICS)}")
     d = report.out_dir
     d.mkdir(parents=True, exist_ok=True)
     if plots:
         made = {"validation loss": plot_loss(report.cells, d / FILES["loss"]),
-                "exact match by sequence length": plot_by_length(report.cells, d / FILES["length"])}
+                f"{length_metric} by sequence length": plot_by_length(report.cells, d / FILES["length"],
+                                                                       length_metric)}
         report.plots = {title: path for title, path in made.items() if path is not None}
     texts = {FILES["md"]: markdown(report), FILES["csv"]: csv_text(report), FILES["json"]: json_text(report)}
     for name, text in texts.items():

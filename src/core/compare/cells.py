@@ -160,17 +160,16 @@ def aggregate(cell: Cell, columns: list[str], target: Target | None) -> None:
 
 
 def sort_cells(cells: list[Cell], sort: SortKey) -> list[Cell]:
-    """Best first; cells without a value (all failed, target never met) last, in label order."""
+    """Best first, ties in label order; cells without a value (all failed, target never met) last."""
     def key(cell: Cell) -> tuple[Any, ...]:
         v = cell.sort_value(sort.key)
         missing = v is None or math.isnan(v)
         return (missing, 0.0 if missing else (v if sort.lower_better else -v), cell.label)
 
     ordered = sorted(cells, key=key)
-    for cell in ordered:
-        cell.best = False
-    if ordered and key(ordered[0])[0] is False:
-        ordered[0].best = True
+    top = key(ordered[0])[:2] if ordered else (True,)
+    for cell in ordered:  # cells tied with the best are all marked
+        cell.best = top[0] is False and key(cell)[:2] == top
     return ordered
 
 

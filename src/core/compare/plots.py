@@ -114,6 +114,7 @@ def plot_by_length(cells: list[Cell], path: Path, name: str = "exact_match") -> 
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(-0.03, 1.03)  # a fraction of examples or tokens
     for label, curves in drawn:
         _draw(ax, label, curves)
     edge = train_length_edge([r for c in cells for r in c.of("completed")])

@@ -131,7 +131,8 @@ def summary(report: Report) -> str:
     keys = ", ".join(report.keys) or "none (one cell)"
     lines = [f"{sum(n.values()) + len(report.skipped)} runs: {n['completed']} completed, {n['failed']} failed, "
              f"{n['diverged']} diverged, {len(report.skipped)} skipped. Cells by: {keys}.",
-             f"Mean +- standard deviation over each cell's completed runs; sorted by {report.sort}; * marks the best."]
+             f"Mean +- standard deviation over each cell's completed runs; sorted by {report.sort}; * marks the best"
+             + (" (a tie)." if sum(c.best for c in report.cells) > 1 else ".")]
     if report.target is not None:
         lines.append(f"Steps to {report.target}: the first logged step where it holds, mean over the runs that "
                      "reached it; (k/n) when only k of n did.")
