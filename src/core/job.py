@@ -161,11 +161,11 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def record_failure(info: RunInfo, error: BaseException) -> dict[str, Any]:
+def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
     info.run_dir.mkdir(parents=True, exist_ok=True)
     (info.run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
     results = {"status": "failed", "error": f"{type(error).__name__}: {error}", "run_dir": str(info.run_dir),
-               "name": info.name, "choices": info.choices, "overrides": info.overrides}
+               "name": info.name, "choices": info.choices, "overrides": info.overrides, "seed": seed}
     write_json(info.run_dir / "results.json", results)
     return results
 
@@ -242,7 +242,7 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         return math.nan
     except Exception as error:
         finish_wandb(exit_code=1)
-        results = record_failure(info, error)
+        results = record_failure(info, error, cfg.seed)
         if info.multirun:
             append_summary(info, results)
             log.error(f"job {info.job_num} ({info.name}) failed: {results['error']} (details: "

@@ -46,14 +46,13 @@ def sweep_keys(sweep_dir: Path) -> list[str]:
     if not saved.is_file():
         return []
     hydra_cfg = OmegaConf.load(saved).hydra
-    args = list(hydra_cfg.overrides.task)
-    args += [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]
-    parsed = OverridesParser.create().parse_overrides(args)
-    keys: list[str] = []
-    for o in parsed:
-        if o.is_sweep_override() and o.key_or_group not in keys:
-            keys.append(o.key_or_group)
-    return keys
+    # the command line wins over a preset's `hydra.sweeper.params`, as in Hydra's basic sweeper
+    args = [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]
+    args += list(hydra_cfg.overrides.task)
+    swept: dict[str, bool] = {}
+    for o in OverridesParser.create().parse_overrides(args):
+        swept[o.key_or_group] = o.is_sweep_override()
+    return [key for key, is_sweep in swept.items() if is_sweep]
 
 
 def run_info(cfg: DictConfig) -> RunInfo:
