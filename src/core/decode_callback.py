@@ -27,8 +27,8 @@ class DecodeOnValidation(L.Callback):
         self.samples, self.show, self.seed = samples, show, seed
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
+        if trainer.sanity_checking or (trainer.state.fn == "fit" and getattr(pl_module, "diverged", None)):
+            return  # a diverged run's stopping validation: its weights may be NaN, and sampling would fail
         start = time.time()
         results = DecodeResults(keep_examples=self.show)
         for batch in self.task.dataloader("val", self.kind, self.seed):

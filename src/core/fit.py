@@ -3,12 +3,14 @@
 <run dir>/config.yaml        resolved config (what was trained, vocab sizes filled in)
 <run dir>/metrics.csv        every logged metric, whatever the logger
 <run dir>/checkpoints/       last.ckpt (resume) and best.ckpt (lowest val/loss)
+<run dir>/attention/         attention maps at each validation (step_<step>.png; `diagnostics:` settings)
 <run dir>/results.json       final metrics and facts about the run (keys: README, "Outputs")
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -25,6 +27,8 @@ from src.core.callbacks import AtomicCheckpointIO, Progress
 from src.core.checkpoint import CKPT_DIR, read_checkpoint
 from src.core.codec import codec_from_state, codec_state_for
 from src.core.decode_callback import DecodeOnValidation
+from src.core.diagnostic_callbacks import diagnostic_callbacks
+from src.core.diagnostics import check_diagnostics
 from src.core.inference import decoding_config
 from src.core.job import ConfigError, Setup, write_json
 from src.core.lit import LitModel
@@ -94,6 +98,22 @@ def metrics_of(split: str, out: dict[str, Any]) -> dict[str, float]:
     return {k.split("/", 1)[1]: float(v) for k, v in out.items() if k.startswith(f"{split}/")}
 
 
+def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_cb: ModelCheckpoint,
+                       splits: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(validation outputs, test outputs, checkpoint evaluated) from the best checkpoint, else the final weights.
+    A diverged run is evaluated only from a checkpoint whose validation loss was finite; without one, its
+    metrics are NaN and its (possibly NaN) weights are not run."""
+    best = ckpt_cb.best_model_path or None
+    score = ckpt_cb.best_model_score
+    if lit.diverged is not None and (best is None or score is None or not math.isfinite(float(score))):
+        nan = {f"{split}/{k}": math.nan for split in ("val", *splits) for k in ("loss", "ppl", "acc", "exact_match")}
+        return nan, nan, None
+    ckpt = "best" if best else None
+    val = trainer.validate(lit, datamodule=data, ckpt_path=ckpt, verbose=False)[0]
+    test = {k: v for out in trainer.test(lit, datamodule=data, ckpt_path=ckpt, verbose=False) for k, v in out.items()}
+    return val, test, best
+
+
 DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "PL_GLOBAL_SEED",
            "PL_SEED_WORKERS")
 
@@ -117,6 +137,10 @@ def train(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> di
 
 def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> dict[str, Any] | None:
     meta_in = resume_meta(setup)
+    try:
+        diag = check_diagnostics(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = build_model(setup.model_cfg)
     n_params = count_parameters(model)
@@ -139,10 +163,11 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
     callbacks: list[L.Callback] = [ckpt_cb, progress]
-    kind = setup.model_cfg.kind
+    kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and kind != "encoder_only":
-        callbacks.append(DecodeOnValidation(setup.task, kind, codec_from_state(codec), decoding_config(cfg.decoding),
+        callbacks.append(DecodeOnValidation(setup.task, kind, text, decoding_config(cfg.decoding),
                                             cfg.eval.decode_samples, cfg.eval.show_examples, cfg.seed))
+    callbacks += diagnostic_callbacks(diag, setup.task, kind, text, cfg.seed, info.run_dir, compiled=cfg.compile)
     trainer = make_trainer(cfg, loggers, callbacks, info.run_dir)
     if trainer.is_global_zero:
         OmegaConf.save(cfg, info.run_dir / "config.yaml", resolve=True)
@@ -155,17 +180,18 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     fit_s = time.time() - fit_start
     if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
-    best = "best" if ckpt_cb.best_model_path else None
-    val = trainer.validate(lit, datamodule=data, ckpt_path=best, verbose=False)[0]
-    test = {k: v for out in trainer.test(lit, datamodule=data, ckpt_path=best, verbose=False) for k, v in out.items()}
+    val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
     results = None
     if trainer.is_global_zero:
         results = {
-            "status": "completed", "error": None, "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
+            "status": "diverged" if lit.diverged else "completed", "error": None,
+            "diverged": lit.diverged,  # {"step", "reason"} when the divergence check stopped the run
+            "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
             "choices": info.choices, "overrides": info.overrides, "seed": cfg.seed, "params": n_params,
             "steps": trainer.global_step, "val": metrics_of("val", val),
             **{split: metrics_of(split, test) for split in setup.task.test_splits},
-            "best_checkpoint": ckpt_cb.best_model_path or None,
+            "by_length": lit.by_length,  # split -> source length -> {"n", "exact_match", "acc"}
+            "best_checkpoint": best,
             "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
             "tokens_per_s": progress.tokens_per_s * trainer.world_size,
             "train_time_s": progress.train_s, "fit_time_s": fit_s, "wall_time_s": time.time() - start_time,

@@ -2,7 +2,8 @@
 
 A pair batch is src (B, S) and tgt (B, T), right-padded, with lengths src_len (B,) and tgt_len (B,); tgt ends
 with EOS. Masks are True at real tokens and are set to None when a batch has no padding, so attention can use
-its fast causal kernel; that decision is made here, on the CPU, never in the training step.
+its fast causal kernel; that decision is made here, on the CPU, never in the training step. Every batch keeps
+`src_len` (real source tokens per row) for metrics by source length.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def encoder_decoder_batch(src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Te
     tgt_in = torch.cat([torch.full_like(tgt[:, :1], bos_id), tgt[:, :-1]], dim=1)  # (B, T)
     labels = tgt.masked_fill(tgt == pad_id, IGNORE_INDEX)
     return {"src": src, "src_mask": length_mask(src_len, src.shape[1]), "tgt_in": tgt_in,
-            "tgt_mask": length_mask(tgt_len, tgt.shape[1]), "labels": labels,
+            "tgt_mask": length_mask(tgt_len, tgt.shape[1]), "labels": labels, "src_len": src_len,
             "n_tokens": int(src_len.sum() + tgt_len.sum())}
 
 
@@ -46,14 +47,14 @@ def decoder_only_batch(src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tenso
     tokens, labels, pad_mask = pack_prefix_lm(src, tgt, src_mask, tgt_mask, sep_id, pad_id, IGNORE_INDEX)
     lengths = pad_mask.sum(1)
     return {"tokens": tokens, "pad_mask": length_mask(lengths, tokens.shape[1]), "labels": labels,
-            "n_tokens": int(lengths.sum())}
+            "src_len": src_len, "n_tokens": int(lengths.sum())}
 
 
 def encoder_only_batch(src: Tensor, src_len: Tensor, tgt: Tensor, pad_id: int) -> Batch:
     """Token tagging for tasks whose target aligns with the source position by position (tgt = aligned + EOS)."""
     width = src.shape[1]
     labels = tgt[:, :width].masked_fill(src == pad_id, IGNORE_INDEX)  # (B, S); drops the EOS column
-    return {"tokens": src, "pad_mask": length_mask(src_len, width), "labels": labels,
+    return {"tokens": src, "pad_mask": length_mask(src_len, width), "labels": labels, "src_len": src_len,
             "n_tokens": int(src_len.sum())}
 
 

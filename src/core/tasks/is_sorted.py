@@ -89,4 +89,4 @@ class IsSortedTask(SyntheticTask):
         tokens = torch.cat([torch.full_like(src[:, :1], self.bos_id), src], dim=1)  # (B, 1 + S): BOS as CLS
         lengths = src_len + 1
         return {"tokens": tokens, "pad_mask": batches.length_mask(lengths, tokens.shape[1]),
-                "labels": (answer == self.yes_id).long(), "n_tokens": int(lengths.sum())}
+                "labels": (answer == self.yes_id).long(), "src_len": src_len, "n_tokens": int(lengths.sum())}
