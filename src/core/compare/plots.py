@@ -72,7 +72,11 @@ def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from cycler import cycler
+
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    colors = plt.get_cmap("tab20").colors  # 20 distinct colours, then the line style changes
+    ax.set_prop_cycle(cycler(ls=["-", "--", ":"]) * cycler(color=colors[0::2] + colors[1::2]))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     return fig, ax
@@ -88,9 +92,8 @@ def _draw(ax: Any, label: str, curves: list[dict[float, float]]) -> None:
 def _save(fig: Any, ax: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the axes
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
 
