@@ -71,7 +71,6 @@ def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from cycler import cycler
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
