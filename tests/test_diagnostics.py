@@ -251,6 +251,14 @@ def test_bad_settings_are_refused(block, match):
         diagnostics_config(block)
 
 
+def test_settings_check_imports_nothing_heavy():
+    """job.py can check the block before Lightning is imported."""
+    code = ("import sys; import src.core.diagnostics as d; d.diagnostics_config({'every_n_steps': 5}); "
+            "print(sorted(m for m in ('torch', 'lightning', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
 def test_train_refuses_bad_settings_naming_the_field(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     out = subprocess.run([sys.executable, "train.py", "diagnostics.divergence.patience=0", "logger=csv",

@@ -94,7 +94,7 @@ def watch_stacks(model: nn.Module, seen: dict[str, tuple[Tensor, Tensor | None]]
     for name, stack in stacks(model):
         def pre(module: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
             tokens = args[0] if args else kwargs["tokens"]
-            seen[name] = (tokens, kwargs["pad_mask"] if "pad_mask" in kwargs else (args[1:2] or (None,))[0])
+            seen[name] = (tokens, kwargs.get("pad_mask", args[1] if len(args) > 1 else None))
         handles.append(stack.register_forward_pre_hook(pre, with_kwargs=True))
     return handles
 
