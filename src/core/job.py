@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from src.core.checkpoint import resolve_ckpt_path
 from src.core.config import DecodingConfig, ModelConfig
+from src.core.diagnostics import check_diagnostics
 from src.core.loggers import LOGGERS, finish_wandb, wandb_mode
 from src.core.runinfo import RunInfo, run_info
 from src.core.sweep import append_summary, earlier_run
@@ -132,6 +133,10 @@ def check_training(cfg: DictConfig) -> None:
     if not isinstance(cfg.objective, str) or "/" not in cfg.objective:
         fail(f"objective={cfg.objective!r} must name a results.json metric as split/name, e.g. val/loss or "
              f"val/exact_match")
+    try:
+        check_diagnostics(cfg)
+    except ValueError as e:
+        fail(str(e))
     threads = cfg.threads
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         fail(f"threads={threads!r} must be a positive number of CPU threads, or null for torch's default")
