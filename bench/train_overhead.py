@@ -6,7 +6,8 @@ plus the start-up latencies of the command line.
     python bench/train_overhead.py --steps 300 --rounds 3
 
 The framework side runs Lightning exactly as train.py sets it up (LitModel, the Progress callback, checkpoint
-callback, CSV + W&B offline loggers, atomic checkpoint IO); validation is pushed past the measured steps.
+callback, the diagnostics callbacks, CSV + W&B offline loggers, atomic checkpoint IO); validation is pushed past
+the measured steps.
 Both sides time the same steps after a warm-up; rounds alternate bare/framework and the best round counts.
 """
 
@@ -32,6 +33,8 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from src.core.build import build_model  # noqa: E402
 from src.core.callbacks import AtomicCheckpointIO, Progress  # noqa: E402
+from src.core.diagnostic_callbacks import diagnostic_callbacks  # noqa: E402
+from src.core.diagnostics import check_diagnostics  # noqa: E402
 from src.core.fit import TaskData  # noqa: E402
 from src.core.job import build_task, check_training, model_config  # noqa: E402
 from src.core.lit import LitModel  # noqa: E402
@@ -90,7 +93,9 @@ def framework(cfg, task, model_cfg, steps: int, warmup: int, run_dir: Path) -> f
     timer = StepTimer(warmup)
     ckpt = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best", monitor="val/loss", save_last=True)
     args = {**resolved["trainer"], "max_steps": steps, "val_check_interval": steps + 1, "limit_val_batches": 0}
-    trainer = L.Trainer(**args, logger=loggers, callbacks=[ckpt, Progress(time.time()), timer],
+    diagnostics = diagnostic_callbacks(check_diagnostics(cfg), task, model_cfg.kind, None, cfg.seed, run_dir,
+                                       compiled=False)  # as train.py runs them (norms every 100 steps, divergence)
+    trainer = L.Trainer(**args, logger=loggers, callbacks=[ckpt, Progress(time.time()), timer, *diagnostics],
                         plugins=[AtomicCheckpointIO()], default_root_dir=str(run_dir))
     trainer.fit(lit, datamodule=TaskData(task, model_cfg.kind, cfg.seed))
     finish_wandb()
