@@ -12,8 +12,17 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-# overrides that say where or how to log, not what is trained: left out of run names
-NAME_IGNORED = ("ckpt_path", "output_root", "logger", "hydra")
+# keys that say where or how a run is logged or executed, not what is trained: left out of run names, of the
+# settings a sweep re-run compares, and of compare.py's cells
+SETTINGS = ("ckpt_path", "output_root", "logger", "hydra", "threads", "trace_shapes")
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def is_setting(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in SETTINGS)
 
 
 @dataclass
@@ -30,13 +39,11 @@ class RunInfo:
     swept: dict[str, Any] = field(default_factory=dict)  # this job's value of every key the sweep varies
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
+_key = override_key
 
 
 def _named(override: str) -> bool:
-    key = _key(override)
-    return not any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in NAME_IGNORED)
+    return not is_setting(_key(override))
 
 
 def sweep_keys(sweep_dir: Path) -> list[str]:

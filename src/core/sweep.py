@@ -17,16 +17,15 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from src.core.runinfo import is_setting, override_key
+
 log = logging.getLogger("train")
 SUMMARY = "summary.jsonl"
 FINISHED = ("completed", "diverged")  # outcomes a re-run keeps; a failed or interrupted cell runs again
-# top-level config keys that say where or how a run is logged or executed, not what is trained
-SETTINGS_IGNORED = ("ckpt_path", "output_root", "logger", "threads", "trace_shapes")
 
 
 def _sweep_overrides(cfg: DictConfig) -> list[str]:
-    keep = lambda o: o.split("=", 1)[0].lstrip("+~").split(".")[0].split("/")[0] not in SETTINGS_IGNORED
-    return sorted(o for o in cfg.hydra.overrides.task if keep(o))
+    return sorted(o for o in cfg.hydra.overrides.task if not is_setting(override_key(o)))
 
 
 def check_sweep_dir(config: DictConfig) -> None:
@@ -44,7 +43,7 @@ def check_sweep_dir(config: DictConfig) -> None:
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in SETTINGS_IGNORED}
+    return {k: v for k, v in config.items() if not is_setting(k)}
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from src.core.runinfo import NAME_IGNORED
+from src.core.runinfo import is_setting, override_key
 
 RESULTS, METRICS, OVERRIDES = "results.json", "metrics.csv", ".hydra/overrides.yaml"
 STATUSES = ("completed", "failed", "diverged")
@@ -40,17 +40,8 @@ class Skipped:
     name: str = ""  # its overrides, as far as they can be read
 
 
-def key_of(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-IGNORED = (*NAME_IGNORED, "threads", "trace_shapes")  # where or how a run is logged or executed
-
-
-def ignored(key: str) -> bool:
-    """Keys that say where or how to log or run (output_root, logger*, ckpt_path, hydra.*, threads), not what is
-    trained."""
-    return any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in IGNORED)
+key_of = override_key
+ignored = is_setting  # where or how a run is logged or executed (output_root, logger*, hydra.*, threads, ...)
 
 
 def canon(value: Any) -> str:
