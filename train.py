@@ -1,4 +1,4 @@
-"""Train a Transformer variant from the command line (README: Quick start).
+"""Train a Transformer variant from the command line (README: Quick start); same as `archsweep-train`.
 
     python train.py                              # defaults: encoder_decoder, post-norm, sinusoidal, relu, reverse
     python train.py model=decoder_only norm=pre  # any group=option, any field=value
@@ -11,16 +11,7 @@ import time
 
 START = time.time()
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> float:
-    from src.core.job import run_job
-
-    return run_job(cfg, START)
-
+from archsweep.cli import train  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    train(START)

@@ -16,15 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 
-from src.core.build import build_model  # noqa: E402
-from src.core.job import build_task, model_config  # noqa: E402
-from src.core.tasks import IGNORE_INDEX  # noqa: E402
+from archsweep.core.model.build import build_model
+from archsweep.core.train.job import build_task, model_config
+from archsweep.core.data.tasks import IGNORE_INDEX
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CASES = [("reverse", "encoder_decoder"), ("reverse", "decoder_only"), ("reverse", "encoder_only"),

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from src.core.build import ModelConfig, build_model  # noqa: E402
-from src.core.generation import DecodingConfig, generate  # noqa: E402
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.eval.generation import DecodingConfig, generate
 
 V, D, H, L, FF, PROMPT = 65, 64, 4, 4, 256, 16
 

@@ -22,25 +22,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+import lightning as L
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import OmegaConf
 
-from src.core.build import build_model  # noqa: E402
-from src.core.callbacks import AtomicCheckpointIO, Progress  # noqa: E402
-from src.core.diagnostic_callbacks import diagnostic_callbacks  # noqa: E402
-from src.core.diagnostics import check_diagnostics  # noqa: E402
-from src.core.fit import TaskData  # noqa: E402
-from src.core.job import build_task, check_training, model_config  # noqa: E402
-from src.core.lit import LitModel  # noqa: E402
-from src.core.loggers import finish_wandb, make_loggers  # noqa: E402
-from src.core.optim import make_optimizer, make_scheduler  # noqa: E402
-from src.core.tasks import IGNORE_INDEX  # noqa: E402
+from archsweep.core.model.build import build_model
+from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
+from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
+from archsweep.core.train.diagnostics import check_diagnostics
+from archsweep.core.train.fit import TaskData
+from archsweep.core.train.job import build_task, check_training, model_config
+from archsweep.core.train.lit import LitModel
+from archsweep.core.train.loggers import finish_wandb, make_loggers
+from archsweep.core.train.optim import make_optimizer, make_scheduler
+from archsweep.core.data.tasks import IGNORE_INDEX
 
 
 class StepTimer(L.Callback):

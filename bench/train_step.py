@@ -23,9 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from src.core.build import ModelConfig, build_model, count_parameters  # noqa: E402
+from archsweep.core.model.build import ModelConfig, build_model, count_parameters
 
 V, D, H, L, FF, T, B = 65, 384, 6, 6, 1536, 256, 8
 

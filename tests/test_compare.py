@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from src.core.compare import CompareError, compare, terminal, write
-from src.core.compare.plots import mean_band
-from src.core.compare.runs import read_metrics
+from archsweep.core.report import CompareError, compare, terminal, write
+from archsweep.core.report.plots import mean_band
+from archsweep.core.report.runs import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CHOICES = {"model": "encoder_decoder", "norm": "pre", "pos": "sinusoidal", "task": "reverse", "logger": "csv"}

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from src.core.data import cache, tokenizer
-from src.core.data.paths import data_dir
-from src.core.tasks import IGNORE_INDEX
-from src.core.tasks.text import TextTask
-from src.core.tasks.translation import TranslationTask
+from archsweep.core.data import cache, tokenizer
+from archsweep.core.data.paths import data_dir
+from archsweep.core.data.tasks import IGNORE_INDEX
+from archsweep.core.data.tasks.text import TextTask
+from archsweep.core.data.tasks.translation import TranslationTask
 
 SHAKESPEARE = data_dir() / "tinyshakespeare.txt"
 MULTI30K = data_dir() / "multi30k"
@@ -109,7 +109,7 @@ def test_second_run_reuses_the_cache_and_new_data_or_settings_do_not(tmp_path, m
     def no_training(*args, **kwargs):
         raise AssertionError("re-tokenised")
 
-    monkeypatch.setattr("src.core.tasks.text.train_tokenizer", no_training)
+    monkeypatch.setattr("archsweep.core.data.tasks.text.train_tokenizer", no_training)
     again = text_task(path, tmp_path / "cache", block_size=8, batch_size=2)  # batching settings: same entry
     assert again.dir == first.dir and capsys.readouterr().err == ""
     monkeypatch.undo()
@@ -181,7 +181,7 @@ def test_tab_separated_corpus_separate_vocabularies_and_kinds(tmp_path):
     batch = next(iter(task.dataloader("val", "encoder_decoder", 0)))
     assert task.decode(batch["src"][0].tolist(), side="src") == EN[int(batch["ids"][0])]
     cfg = dict(vocab_size=task.vocab_size, d_model=32, n_heads=2, n_layers=1, d_ff=64)
-    from src.core.config import ModelConfig
+    from archsweep.core.model.config import ModelConfig
 
     with pytest.raises(ValueError, match="cannot feed model kind=decoder_only: task.vocab=separate.*task.vocab=joint"):
         task.check_model(ModelConfig(kind="decoder_only", **cfg))

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from src.core.attention_maps import GAP, attention_figure, grid_shapes, mean_entropy, parse_name, save_figure, tile
-from src.core.build import ModelConfig, build_model
-from src.core.diagnostic_callbacks import (
+from archsweep.core.eval.attention_maps import GAP, attention_figure, grid_shapes, mean_entropy, parse_name, save_figure, tile
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.train.diagnostic_callbacks import (
     DivergenceMonitor,
     grad_group,
     grad_groups,
@@ -28,12 +28,12 @@ from src.core.diagnostic_callbacks import (
     residual_hooks,
     token_norm,
 )
-from src.core.diagnostics import DiagnosticsConfig, check_diagnostics, diagnostics_config
-from src.core.lit import LengthMetrics
-from src.core.tasks import IGNORE_INDEX
-from src.core.tasks.addition import AdditionTask
-from src.core.tasks.is_sorted import IsSortedTask
-from src.core.tasks.synthetic import ReverseTask
+from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics, diagnostics_config
+from archsweep.core.train.lit import LengthMetrics
+from archsweep.core.data.tasks import IGNORE_INDEX
+from archsweep.core.data.tasks.addition import AdditionTask
+from archsweep.core.data.tasks.is_sorted import IsSortedTask
+from archsweep.core.data.tasks.synthetic import ReverseTask
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
@@ -253,7 +253,7 @@ def test_bad_settings_are_refused(block, match):
 
 def test_settings_check_imports_nothing_heavy():
     """job.py can check the block before Lightning is imported."""
-    code = ("import sys; import src.core.diagnostics as d; d.diagnostics_config({'every_n_steps': 5}); "
+    code = ("import sys; import archsweep.core.train.diagnostics as d; d.diagnostics_config({'every_n_steps': 5}); "
             "print(sorted(m for m in ('torch', 'lightning', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.core.build import ModelConfig, build_model
-from src.core.evaluation import DecodeResults, decode_batch, prompts_and_references, strip
-from src.core.generation import DecodingConfig
-from src.core.tasks.batches import decoder_only_batch, encoder_decoder_batch
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.eval.evaluation import DecodeResults, decode_batch, prompts_and_references, strip
+from archsweep.core.eval.generation import DecodingConfig
+from archsweep.core.data.tasks.batches import decoder_only_batch, encoder_decoder_batch
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from src.core.build import ModelConfig, build_model
-from src.core.config import POS_ENCODINGS
-from src.core.generation import DecodingConfig, generate
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.model.config import POS_ENCODINGS
+from archsweep.core.eval.generation import DecodingConfig, generate
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 20
 
@@ -190,7 +190,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 def test_every_decoding_option_composes_and_decodes(option, entry):
     from hydra import compose, initialize_config_dir
 
-    from src.core.inference import decoding_config
+    from archsweep.core.eval.inference import decoding_config
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(entry, overrides=[f"decoding={option}"] + (["ckpt=x"] if entry != "train" else []))

@@ -13,8 +13,8 @@ FORBIDDEN = ("lightning", "pytorch_lightning", "hydra", "omegaconf", "wandb", "t
 def test_variants_and_builder_import_no_framework():
     code = (
         "import sys, torch\n"
-        "from src.core.build import ModelConfig, build_model\n"
-        "import src.variants.model, src.variants.attention, src.variants.cache\n"
+        "from archsweep.core.model.build import ModelConfig, build_model\n"
+        "import archsweep.variants.model, archsweep.variants.attention, archsweep.variants.cache\n"
         "m = build_model(ModelConfig(kind='decoder_only', vocab_size=10, d_model=16, n_heads=2, n_layers=1))\n"
         "m(torch.ones(1, 3, dtype=torch.long))\n"
         f"print(sorted(k for k in sys.modules if k.split('.')[0] in {FORBIDDEN!r}))\n"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.core.codec import codec_from_state
-from src.core.inference import load
+from archsweep.core.data.codec import codec_from_state
+from archsweep.core.eval.inference import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
@@ -47,8 +47,8 @@ def test_generate_prints_one_line_per_hypothesis(run_dir):
 
 
 def test_generate_greedy_matches_library_decoding(run_dir):
-    from src.core.generation import DecodingConfig, generate
-    from src.core.inference import encode_prompts
+    from archsweep.core.eval.generation import DecodingConfig, generate
+    from archsweep.core.eval.inference import encode_prompts
 
     out = run("generate.py", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", "prompt=5 4 3 2",
               "decoding.max_new_tokens=8")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.core.build import ModelConfig, build_model
-from src.variants.cache import KVCache
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.variants.cache import KVCache
 
 
 def cfg(**overrides) -> ModelConfig:

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.core.build import ModelConfig, build_model
-from src.variants.model import pack_prefix_lm
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.variants.model import pack_prefix_lm
 
 PAD, BOS, EOS, SEP, VOCAB = 0, 1, 2, 3, 16
 

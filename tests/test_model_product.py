@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 
-from src.core.build import ModelConfig, build_model
-from src.core.config import FFNS, KINDS, NORM_PLACEMENTS, NORM_TYPES, POS_ENCODINGS
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.model.config import FFNS, KINDS, NORM_PLACEMENTS, NORM_TYPES, POS_ENCODINGS
 
 PRODUCT = list(itertools.product(KINDS, NORM_PLACEMENTS, POS_ENCODINGS, FFNS))
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.core.build import ModelConfig, build_model
-from src.core.config import NORM_PLACEMENTS, POS_ENCODINGS
-from src.variants.attention import capture_attention
-from src.variants.cache import KVCache
-from src.variants.pos import ALiBi, RelativeBias, Rotary
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.model.config import NORM_PLACEMENTS, POS_ENCODINGS
+from archsweep.variants.attention import capture_attention
+from archsweep.variants.cache import KVCache
+from archsweep.variants.pos import ALiBi, RelativeBias, Rotary
 
 VOCAB, PAD = 23, 0
 

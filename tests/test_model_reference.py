@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from src.core.build import ModelConfig, build_model
+from archsweep.core.model.build import ModelConfig, build_model
 
 D, H, FF, LAYERS, VOCAB = 32, 4, 64, 2, 50
 

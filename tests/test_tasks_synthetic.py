@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.core.config import ModelConfig
-from src.core.tasks import IGNORE_INDEX
-from src.core.tasks.addition import AdditionTask
-from src.core.tasks.is_sorted import IsSortedTask
-from src.core.tasks.recall import RecallTask
-from src.core.tasks.synthetic import CopyTask, ReverseTask, SortTask
+from archsweep.core.model.config import ModelConfig
+from archsweep.core.data.tasks import IGNORE_INDEX
+from archsweep.core.data.tasks.addition import AdditionTask
+from archsweep.core.data.tasks.is_sorted import IsSortedTask
+from archsweep.core.data.tasks.recall import RecallTask
+from archsweep.core.data.tasks.synthetic import CopyTask, ReverseTask, SortTask
 
 SIZES = dict(min_len=2, max_len=6, batch_size=16, val_batches=2, test_batches=2, eval_seed=7)
 

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.core.checkpoint import atomic_save, load_model
-from src.core.tasks import IGNORE_INDEX
-from src.core.tasks.synthetic import ReverseTask
+from archsweep.core.model.checkpoint import atomic_save, load_model
+from archsweep.core.data.tasks import IGNORE_INDEX
+from archsweep.core.data.tasks.synthetic import ReverseTask
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
@@ -95,7 +95,7 @@ def test_single_run_writes_its_directory(tmp_path):
 
     # The checkpoint alone rebuilds the plain model, which reproduces the recorded validation loss.
     model = load_model(res["best_checkpoint"])
-    assert isinstance(model, nn.Module) and type(model).__module__.startswith("src.variants")
+    assert isinstance(model, nn.Module) and type(model).__module__.startswith("archsweep.variants")
     assert sum(p.numel() for p in model.parameters()) == res["params"]
     task = ReverseTask(n_symbols=16, min_len=4, max_len=8, batch_size=16, val_batches=2, test_batches=2,
                        eval_seed=1234)

@@ -8,14 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from src.core.build import ModelConfig, build_model, count_parameters
-from src.variants.ffn import GatedFeedForward, gated_hidden_size, make_ffn
-from src.variants.init import deepnorm_constants
-from src.variants.norm import make_norm
-from src.variants.pos import ALiBi, LearnedPosition, RelativeBias, Rotary, Sinusoidal
-from src.variants.pos.alibi import alibi_slopes
-from src.variants.pos.relative import relative_bucket
-from src.variants.residual import DeepNorm, PostNorm, PreNorm, SandwichNorm
+from archsweep.core.model.build import ModelConfig, build_model, count_parameters
+from archsweep.variants.ffn import GatedFeedForward, gated_hidden_size, make_ffn
+from archsweep.variants.init import deepnorm_constants
+from archsweep.variants.norm import make_norm
+from archsweep.variants.pos import ALiBi, LearnedPosition, RelativeBias, Rotary, Sinusoidal
+from archsweep.variants.pos.alibi import alibi_slopes
+from archsweep.variants.pos.relative import relative_bucket
+from archsweep.variants.residual import DeepNorm, PostNorm, PreNorm, SandwichNorm
 
 
 def test_sinusoidal_table_matches_paper_formula():

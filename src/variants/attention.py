@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.variants.cache import KVCache
+from archsweep.variants.cache import KVCache
 
 
 @dataclass

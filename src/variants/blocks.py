@@ -9,11 +9,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from src.variants.attention import AttnContext, CrossAttention, SelfAttention, self_attn_mask
-from src.variants.cache import KVCache
-from src.variants.embedding import TokenEmbedding
-from src.variants.pos.base import PositionalEncoding
-from src.variants.residual import Residual
+from archsweep.variants.attention import AttnContext, CrossAttention, SelfAttention, self_attn_mask
+from archsweep.variants.cache import KVCache
+from archsweep.variants.embedding import TokenEmbedding
+from archsweep.variants.pos.base import PositionalEncoding
+from archsweep.variants.residual import Residual
 
 
 class Block(nn.Module):

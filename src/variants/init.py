@@ -14,10 +14,10 @@ import math
 import torch
 from torch import nn
 
-from src.variants.attention import CrossAttention, SelfAttention
-from src.variants.embedding import LMHead, TokenEmbedding
-from src.variants.ffn import FeedForward, GatedFeedForward
-from src.variants.pos import LearnedPosition, RelativeBias
+from archsweep.variants.attention import CrossAttention, SelfAttention
+from archsweep.variants.embedding import LMHead, TokenEmbedding
+from archsweep.variants.ffn import FeedForward, GatedFeedForward
+from archsweep.variants.pos import LearnedPosition, RelativeBias
 
 
 def deepnorm_constants(kind: str, n_layers: int, n_decoder_layers: int) -> dict[str, tuple[float, float]]:

@@ -1,4 +1,6 @@
-"""Reading corpora, tokenizers and the prepared-data cache behind the file-based tasks (text, translation).
+"""Data wing: tasks (`data.tasks`), corpora, tokenizers, the token codec and the prepared-data cache. Imports
+`archsweep.variants` and the model wing.
 
-Nothing here imports torch: tasks prepare their data while train.py checks a config, before the heavy imports.
+Reading and preparing data imports no torch: tasks prepare their data while train.py checks a config, before the
+heavy imports.
 """

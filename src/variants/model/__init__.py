@@ -1,7 +1,7 @@
 """The three model kinds, each assembled from the same parts."""
 
-from src.variants.model.decoder_only import DecoderOnly, pack_prefix_lm
-from src.variants.model.encoder_decoder import EncoderDecoder
-from src.variants.model.encoder_only import EncoderOnly
+from archsweep.variants.model.decoder_only import DecoderOnly, pack_prefix_lm
+from archsweep.variants.model.encoder_decoder import EncoderDecoder
+from archsweep.variants.model.encoder_only import EncoderOnly
 
 __all__ = ["DecoderOnly", "EncoderDecoder", "EncoderOnly", "pack_prefix_lm"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from src.variants.blocks import Stack
-from src.variants.cache import KVCache
-from src.variants.embedding import LMHead
+from archsweep.variants.blocks import Stack
+from archsweep.variants.cache import KVCache
+from archsweep.variants.embedding import LMHead
 
 
 class DecoderOnly(nn.Module):

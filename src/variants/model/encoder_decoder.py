@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from src.variants.blocks import Stack
-from src.variants.cache import KVCache
-from src.variants.embedding import LMHead
+from archsweep.variants.blocks import Stack
+from archsweep.variants.cache import KVCache
+from archsweep.variants.embedding import LMHead
 
 
 class EncoderDecoder(nn.Module):

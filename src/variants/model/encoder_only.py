@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from src.variants.blocks import Stack
-from src.variants.embedding import LMHead
+from archsweep.variants.blocks import Stack
+from archsweep.variants.embedding import LMHead
 
 
 class EncoderOnly(nn.Module):

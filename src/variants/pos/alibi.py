@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from src.variants.pos.base import PositionalEncoding, query_key_distance
+from archsweep.variants.pos.base import PositionalEncoding, query_key_distance
 
 
 def alibi_slopes(n_heads: int) -> list[float]:

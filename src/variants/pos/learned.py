@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from src.variants.pos.base import PositionalEncoding
+from archsweep.variants.pos.base import PositionalEncoding
 
 
 class LearnedPosition(PositionalEncoding):

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from src.variants.pos.base import PositionalEncoding, query_key_distance
+from archsweep.variants.pos.base import PositionalEncoding, query_key_distance
 
 
 def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:

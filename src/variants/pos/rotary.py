@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from src.variants.pos.base import PositionalEncoding
+from archsweep.variants.pos.base import PositionalEncoding
 
 
 def rotate_half(x: Tensor) -> Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from src.variants.pos.base import PositionalEncoding
+from archsweep.variants.pos.base import PositionalEncoding
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:

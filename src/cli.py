@@ -1,0 +1,117 @@
+"""Command-line entry points: `archsweep-train`, `-generate`, `-evaluate`, `-compare` (console scripts) and the
+repository's `train.py`, `generate.py`, `evaluate.py`, `compare.py`, which call these. The configs come from the
+package (`archsweep.conf_dir()`), so every entry point works from any working directory.
+
+Only Hydra and OmegaConf are imported up front: `--help` and a refused config answer before torch loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+START = time.time()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from archsweep import conf_dir  # noqa: E402
+
+CONF = str(conf_dir())
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="train")
+def _train(cfg: DictConfig) -> float:
+    from archsweep.core.train.job import run_job
+
+    return run_job(cfg, START)
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="generate")
+def _generate(cfg: DictConfig) -> None:
+    from archsweep.core.eval.inference import run_generate
+
+    try:
+        run_generate(cfg)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="evaluate")
+def _evaluate(cfg: DictConfig) -> None:
+    from archsweep.core.eval.inference import run_evaluate
+
+    try:
+        run_evaluate(cfg)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def train(start_time: float | None = None) -> None:
+    """Train a Transformer variant (README: Training from the command line)."""
+    global START
+    START = start_time or START
+    _train()
+
+
+def generate() -> None:
+    """Decode from a train.py checkpoint (README: Decoding and evaluation)."""
+    _generate()
+
+
+def evaluate() -> None:
+    """Test-set metrics of a train.py checkpoint, overall and by source length (README: Decoding and
+    evaluation)."""
+    _evaluate()
+
+
+COMPARE_DOC = """Compare the runs of one or more sweeps (README: Comparing runs).
+
+    compare.py outputs/sweeps/<time>                       # table, plots, comparison.md in that directory
+    compare.py sweep_a sweep_b --out reports/pos           # several sweeps as one grid
+    compare.py outputs/sweeps/<time> --target "val/exact_match>=0.99" --sort test_long/exact_match
+
+Writes comparison.md, comparison.csv, comparison.json and PNG plots into the first directory (or --out), and
+prints the table and the runs it skipped, with the reason. Exits 2 on bad input.
+"""
+
+
+def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=COMPARE_DOC.split("\n\n")[0], epilog=COMPARE_DOC.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweeps", nargs="+", help="sweep directories (every run below each is read)")
+    p.add_argument("--out", help="directory for the outputs (default: the first sweep directory)")
+    p.add_argument("--target", help="METRIC OP VALUE on a logged metric, e.g. 'val/exact_match>=0.9' (the default "
+                   "when the runs log val/exact_match); 'none' for no steps-to-target column")
+    p.add_argument("--sort", help="column to sort cells by, best first: val/loss (default), test/exact_match, "
+                   "tokens_per_s, target, ...; lower or higher is better from the name, or add :min / :max")
+    p.add_argument("--metrics", help="comma-separated final metrics to show instead of the default ones, "
+                   "e.g. val/loss,test/acc,test_long/acc")
+    p.add_argument("--length-metric", default="exact_match", choices=["exact_match", "acc"],
+                   help="what the by-length plot shows (default: exact_match; acc: token accuracy)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return p.parse_args(argv)
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    args = compare_args(argv)
+    from archsweep.core.report import CompareError, compare, terminal, write
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    try:
+        report = compare(args.sweeps, args.out, args.target, args.sort, metrics)
+        written = write(report, plots=not args.no_plots, length_metric=args.length_metric)
+    except CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write the comparison: {e}; choose another directory with --out", file=sys.stderr)
+        return 1
+    print(terminal(report))
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def compare() -> None:
+    sys.exit(compare_main())

@@ -1,0 +1,81 @@
+"""What training needs from a data source, independent of the model architecture.
+
+A `Task` says how large its vocabulary is, which token ids are special, which model kinds it can feed, and how
+long their inputs get; it checks a `ModelConfig` against that before anything heavy is imported. It then hands
+out dataloaders whose batches are already in the form one model kind takes (decided on the CPU, so the training
+step never inspects device tensors), plus the function that runs a model on such a batch.
+
+Constructing a task must stay cheap and import no torch: train.py validates a config with it in well under a
+second. Data (torch) is only touched in `dataloader`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from archsweep.core.model.config import KINDS, ModelConfig
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from torch import Tensor, nn
+
+SPLITS = ("train", "val", "test")
+IGNORE_INDEX = -100  # label value ignored by the loss and the metrics
+
+
+class Task:
+    """Base class. Subclasses set the attributes below and implement `max_input_len` and `dataloader`."""
+
+    name: str = "task"
+    kinds: tuple[str, ...] = KINDS  # model kinds this task can feed
+    vocab_size: int
+    src_vocab_size: int | None = None  # source vocabulary if different (encoder_decoder only)
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    sep_id: int = 3
+    batch_size: int = 1
+    test_splits: tuple[str, ...] = ("test",)  # evaluated after training, each reported as `<split>/...` metrics
+
+    def max_input_len(self, kind: str) -> int:
+        """Longest sequence a model of `kind` receives from this task (source or target, or packed)."""
+        raise NotImplementedError
+
+    def model_fields(self) -> dict[str, Any]:
+        """ModelConfig fields the task dictates."""
+        return {"vocab_size": self.vocab_size, "src_vocab_size": self.src_vocab_size}
+
+    def check_model(self, cfg: ModelConfig) -> None:
+        """Raise ValueError if a model built from `cfg` cannot be trained on this task."""
+        if cfg.kind not in self.kinds:
+            raise ValueError(f"task={self.name} cannot feed model kind={cfg.kind}: {self.why_not(cfg.kind)}; "
+                             f"choose model= one of {', '.join(self.kinds)}")
+        if cfg.vocab_size < self.vocab_size:
+            raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than task={self.name}'s vocabulary "
+                             f"({self.vocab_size}); leave model.vocab_size=null to take it from the task")
+        longest = self.max_input_len(cfg.kind)
+        if cfg.pos == "learned" and longest > cfg.max_seq_len:
+            raise ValueError(f"model.max_seq_len={cfg.max_seq_len} is shorter than the longest input of "
+                             f"task={self.name} for kind={cfg.kind} ({longest} tokens) and pos=learned has a "
+                             f"table of max_seq_len positions; set model.max_seq_len>={longest}")
+
+    def why_not(self, kind: str) -> str:
+        return f"it serves only {', '.join(self.kinds)}"
+
+    def dataloader(self, split: str, kind: str, seed: int, start: int = 0, rank: int = 0,
+                   world_size: int = 1) -> Iterable[dict[str, Any]]:
+        """Batches for `split` in the form `kind` takes. `start` is the number of batches this process has
+        already consumed (resuming); `rank`/`world_size` shard the data across data-parallel processes."""
+        raise NotImplementedError
+
+    def save(self, run_dir: Path) -> None:
+        """Write what a run needs to read its outputs back (a tokenizer) into the run directory."""
+
+    def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
+        """The function running a model of `kind` on one of this task's batches, returning logits (B, T, V)
+        aligned with batch["labels"] (B, T)."""
+        from archsweep.core.data.tasks.batches import FORWARD
+
+        return FORWARD[kind]

@@ -1,0 +1,161 @@
+"""Language modelling on any UTF-8 text (`task=text`, `task=shakespeare_char`), sampled as nanoGPT samples it:
+contiguous windows of `block_size` tokens at random offsets.
+
+The first (1 - val_fraction) of the characters train the model and the tokenizer; the rest is held out (nanoGPT's
+90% / 10% split). nanoGPT has no test split: test windows are drawn from the same held-out part with another seed.
+How each model kind reads a window of block_size + 1 tokens w:
+- decoder_only: tokens w[:-1], labels w[1:] (next-token prediction);
+- encoder_decoder: continuation: the encoder reads the first half, the decoder predicts the second half;
+- encoder_only: masked-token prediction (BERT): 15% of positions are chosen, 80% of them become [MASK], 10% a
+  random token, 10% stay; only chosen positions are labelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from archsweep.core.data import cache, paths, read
+from archsweep.core.data.tokenizer import MASK, SPECIALS, check_kind, chunks, load_tokenizer, train_tokenizer
+from archsweep.core.data.tasks.base import Task
+
+GET_DATA = ("Set task.path to a UTF-8 text file or a folder of them (relative paths: the current directory, then "
+            "task.data_dir, $ARCHSWEEP_DATA_DIR or ../shared/data next to the repository). Tiny Shakespeare is "
+            "char-rnn's data/tinyshakespeare/input.txt (github.com/karpathy/char-rnn), saved as tinyshakespeare.txt.")
+
+
+def positive(**values: Any) -> None:
+    for field, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"task.{field}={value!r} must be a positive integer")
+
+
+class TextTask(Task):
+    name = "text"
+    pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
+
+    def __init__(self, path: str, data_dir: str | None, tokenizer: str, bpe_vocab_size: int, block_size: int,
+                 batch_size: int, val_fraction: float, val_batches: int, test_batches: int, eval_seed: int,
+                 mask_prob: float = 0.15, cache_dir: str | None = None, name: str = "text") -> None:
+        positive(block_size=block_size, batch_size=batch_size, val_batches=val_batches, test_batches=test_batches)
+        check_kind(tokenizer, bpe_vocab_size)
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"task.val_fraction={val_fraction} must be in (0, 1) (nanoGPT holds out 0.1)")
+        if not 0.0 < mask_prob < 1.0:
+            raise ValueError(f"task.mask_prob={mask_prob} must be in (0, 1) (BERT masks 0.15)")
+        if block_size < 2:
+            raise ValueError(f"task.block_size={block_size} must be at least 2")
+        self.name, self.block_size, self.batch_size, self.mask_prob = name, block_size, batch_size, mask_prob
+        self.eval_seed = eval_seed
+        self.n_batches = {"train": None, "val": val_batches, "test": test_batches}
+        source = paths.locate(path, data_dir, f"task.path={path}", GET_DATA)
+        files = read.text_files(source, f"task.path={path}", GET_DATA)
+        settings = {"tokenizer": tokenizer, "bpe_vocab_size": bpe_vocab_size if tokenizer == "bpe" else None,
+                    "val_fraction": val_fraction, "n_files": len(files)}
+        self.dir, info = cache.prepared(paths.cache_dir(cache_dir), f"text-{tokenizer}", files, settings,
+                                        lambda tmp: self._build(tmp, source, path, tokenizer, bpe_vocab_size,
+                                                                val_fraction))
+        self.vocab_size, self.sizes = info["vocab_size"], info["tokens"]
+        for split, n in self.sizes.items():
+            if n <= block_size:
+                raise ValueError(f"task.block_size={block_size} is larger than the data: the {split} split of "
+                                 f"{source} has {n} tokens and a window needs block_size + 1; lower task.block_size "
+                                 f"or use more text")
+        self._tokenizer = None
+        self._arrays: dict[str, Any] = {}
+
+    @staticmethod
+    def _build(tmp: Path, source: Path, path: str, kind: str, bpe_vocab_size: int,
+               val_fraction: float) -> dict[str, Any]:
+        import numpy as np
+
+        text = read.read_text(source, f"task.path={path}", GET_DATA)
+        cut = int(len(text) * (1 - val_fraction))
+        parts = {"train": text[:cut], "val": text[cut:]}
+        cache.say(f"training a {kind} tokenizer on {len(parts['train']):,} characters")
+        tok = train_tokenizer(kind, chunks(parts["train"]), bpe_vocab_size)
+        tok.save(tmp / "tokenizer.json")
+        dtype = np.uint16 if tok.vocab_size < 1 << 16 else np.int32
+        tokens = {}
+        for split, part in parts.items():
+            ids = np.fromiter((i for piece in tok.encode_batch(list(chunks(part))) for i in piece), dtype=dtype)
+            np.save(tmp / f"{split}.npy", ids)
+            tokens[split] = len(ids)
+            cache.say(f"{split}: {len(part):,} characters -> {len(ids):,} tokens")
+        return {"vocab_size": tok.vocab_size, "tokens": tokens}
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.dir / "tokenizer.json")
+        return self._tokenizer
+
+    def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
+        """Token ids back to text (special tokens dropped); one vocabulary, so `side` changes nothing."""
+        return self.tokenizer.decode(ids)
+
+    def save(self, run_dir: Path) -> None:
+        """Copy the tokenizer next to a run's outputs."""
+        (Path(run_dir) / "tokenizer.json").write_bytes((self.dir / "tokenizer.json").read_bytes())
+
+    def array(self, split: str):
+        import numpy as np
+
+        name = "train" if split == "train" else "val"
+        if name not in self._arrays:
+            self._arrays[name] = np.load(self.dir / f"{name}.npy", mmap_mode="r")
+        return self._arrays[name]
+
+    def max_input_len(self, kind: str) -> int:
+        return self.block_size - self.block_size // 2 if kind == "encoder_decoder" else self.block_size
+
+    def dataloader(self, split: str, kind: str, seed: int, start: int = 0, rank: int = 0,
+                   world_size: int = 1) -> Iterable[dict[str, Any]]:
+        from archsweep.core.data.tasks import batches
+
+        if split not in self.n_batches:
+            raise ValueError(f"split={split!r} must be one of {', '.join(self.n_batches)}")
+        data_seed = seed if split == "train" else self.eval_seed
+        data = self.array(split)
+
+        def make(index: int) -> dict[str, Any]:
+            return self.make_batch(data, batches.batch_seed(data_seed, split, index), kind)
+
+        return batches.stream_loader(make, start, self.n_batches[split], rank, world_size)
+
+    def make_batch(self, data, seed: int, kind: str) -> dict[str, Any]:
+        import numpy as np
+        import torch
+
+        rng = np.random.default_rng(seed)
+        offsets = rng.integers(0, len(data) - self.block_size, self.batch_size)
+        window = torch.from_numpy(np.stack([data[o:o + self.block_size + 1] for o in offsets]).astype(np.int64))
+        b, t = self.batch_size, self.block_size  # window: (B, T + 1)
+        if kind == "decoder_only":
+            return {"tokens": window[:, :-1], "pad_mask": None, "labels": window[:, 1:], "n_tokens": b * t}
+        if kind == "encoder_decoder":
+            half = t // 2
+            return {"src": window[:, :half], "src_mask": None, "tgt_in": window[:, half:t], "tgt_mask": None,
+                    "labels": window[:, half + 1:], "n_tokens": b * t}
+        return self.masked(window[:, :-1], rng)
+
+    def masked(self, tokens, rng) -> dict[str, Any]:
+        """BERT's masking of (B, T) tokens; at least one labelled position per row."""
+        import numpy as np
+        import torch
+
+        from archsweep.core.data.tasks.base import IGNORE_INDEX
+
+        b, t = tokens.shape
+        draw = rng.random((b, t))
+        chosen = draw < self.mask_prob
+        chosen[np.arange(b), draw.argmin(1)] = True
+        how = rng.random((b, t))
+        chosen_t = torch.from_numpy(chosen)
+        labels = tokens.masked_fill(~chosen_t, IGNORE_INDEX)
+        inputs = tokens.clone()
+        inputs[torch.from_numpy(chosen & (how < 0.8))] = MASK
+        swap = torch.from_numpy(chosen & (how >= 0.8) & (how < 0.9))
+        inputs[swap] = torch.from_numpy(rng.integers(len(SPECIALS), self.vocab_size, int(swap.sum())))
+        return {"tokens": inputs, "pad_mask": None, "labels": labels, "n_tokens": b * t}

@@ -1,0 +1,231 @@
+"""What generate.py and evaluate.py do with a train.py checkpoint: rebuild the model and the task's codec from the
+checkpoint alone, decode prompts, and evaluate test splits with teacher-forced and decoded metrics, overall and
+by source-length bucket (which is where length generalisation shows)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from archsweep.core.model.checkpoint import CKPT_DIR, model_from_checkpoint, read_checkpoint
+from archsweep.core.data.codec import Codec, codec_from_state, codec_state_for
+from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, strip
+from archsweep.core.eval.generation import DecodingConfig, generate
+
+
+@dataclass
+class Loaded:
+    path: Path
+    model: nn.Module
+    kind: str
+    codec: Codec
+    codec_state: dict[str, Any]
+    config: dict[str, Any]  # the resolved train.py config of the run
+
+
+def checkpoint_file(value: str | Path) -> Path:
+    path = Path(value)
+    if path.is_dir():
+        for name in ("best.ckpt", "last.ckpt"):
+            if (path / CKPT_DIR / name).is_file():
+                return path / CKPT_DIR / name
+    if not path.is_file():
+        raise ValueError(f"ckpt={value}: no checkpoint there; give a .ckpt file written by train.py or its run "
+                         f"directory (holding {CKPT_DIR}/best.ckpt or last.ckpt)")
+    return path
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def decoding_config(cfg: DictConfig) -> DecodingConfig:
+    return DecodingConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def load(value: str | Path, device: torch.device) -> Loaded:
+    path = checkpoint_file(value)
+    ckpt = read_checkpoint(path)
+    model = model_from_checkpoint(ckpt, path)
+    meta = ckpt["archsweep"]
+    state = meta.get("codec") or codec_state_for(task_from_config(meta["config"]["task"]))
+    return Loaded(path, model.to(device).eval(), model.config.kind, codec_from_state(state), state, meta["config"])
+
+
+def task_from_config(task_cfg: dict[str, Any]):
+    from hydra.utils import instantiate
+
+    return instantiate(OmegaConf.create(task_cfg))
+
+
+def encode_prompts(loaded: Loaded, texts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, L) inputs and mask; a prefix LM gets the separator after a sequence-to-sequence source."""
+    state = loaded.codec_state
+    rows = [loaded.codec.encode(t, "src") for t in texts]
+    if loaded.kind == "decoder_only" and state["seq2seq"]:
+        rows = [r + [state["sep_id"]] for r in rows]
+    empty = [t for t, r in zip(texts, rows, strict=True) if not r]
+    if empty:
+        raise ValueError(f"prompt {empty[0]!r} encodes to no tokens; give at least one symbol")
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), state["pad_id"], dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r)
+    lengths = torch.tensor([len(r) for r in rows])
+    return tokens.to(device), (torch.arange(width)[None, :] < lengths[:, None]).to(device)
+
+
+def run_generate(cfg: DictConfig) -> list[list[tuple[str, float]]]:
+    texts = list(cfg.prompts) or ([cfg.prompt] if cfg.prompt is not None else [])
+    if not texts:
+        raise ValueError("give prompt=\"...\" or prompts='[\"...\", \"...\"]' to decode from")
+    decoding = decoding_config(cfg.decoding)
+    device = pick_device(cfg.device)
+    loaded = load(cfg.ckpt, device)
+    if loaded.kind == "encoder_only":
+        raise ValueError(f"{loaded.path} holds an encoder_only model, which is bidirectional and does not "
+                         f"generate; use evaluate.py for its metrics")
+    state = loaded.codec_state
+    inputs, mask = encode_prompts(loaded, texts, device)
+    out = generate(loaded.model, inputs, mask, decoding, eos_id=state["eos_id"], pad_id=state["pad_id"],
+                   bos_id=state["bos_id"])
+    results = []
+    for i, text in enumerate(texts):
+        print(f"> {text}")
+        hyps = []
+        for j in range(out.tokens.shape[1]):
+            ids = strip(out.tokens[i, j].tolist(), state["eos_id"], state["pad_id"])
+            decoded = loaded.codec.decode(ids, "tgt")
+            shown = decoded if state["seq2seq"] else text + decoded  # a language model continues the prompt
+            hyps.append((shown, float(out.scores[i, j])))
+            print(f"  {shown}" + (f"    (score {out.scores[i, j]:.3f})" if out.tokens.shape[1] > 1 else ""))
+        results.append(hyps)
+    return results
+
+
+def source_lengths(batch: dict[str, Any], kind: str) -> torch.Tensor:
+    """(B,) source length of each row: real source tokens, or a prefix LM's tokens before the separator."""
+    labels = batch["labels"]
+    if kind == "encoder_decoder":
+        src = batch["src"]
+        return batch["src_mask"].sum(1) if batch["src_mask"] is not None else torch.full_like(src[:, 0], src.shape[1])
+    if kind == "decoder_only":
+        labelled = labels != IGNORE_INDEX
+        return labelled.float().argmax(1).long()  # the separator's position = source length
+    tokens = batch["tokens"]
+    return batch["pad_mask"].sum(1) if batch["pad_mask"] is not None else torch.full_like(tokens[:, 0],
+                                                                                         tokens.shape[1])
+
+
+@dataclass
+class Row:
+    length: int
+    nll: float
+    tokens: int
+    correct: int
+    exact: bool  # decoded when the split was decoded, else teacher-forced
+
+
+def evaluate_split(loaded: Loaded, task, split: str, decoding: DecodingConfig, decode_limit: int | None,
+                   seed: int, device: torch.device) -> tuple[dict[str, Any], list[Row], DecodeResults | None]:
+    state, kind = loaded.codec_state, loaded.kind
+    forward = task.forward_fn(kind)
+    decodes = state["seq2seq"] and kind != "encoder_only"
+    results = DecodeResults(keep_examples=3) if decodes else None
+    rows: list[Row] = []
+    with torch.no_grad():
+        for batch in task.dataloader(split, kind, seed):
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            logits, labels = forward(loaded.model, batch).float(), batch["labels"]
+            nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                  reduction="none").view(labels.shape).sum(1)
+            labelled = labels != IGNORE_INDEX
+            hits = (logits.argmax(-1) == labels) & labelled
+            exact = (hits | ~labelled).all(1).tolist()
+            if decodes and (decode_limit is None or results.total < decode_limit):
+                limit = None if decode_limit is None else decode_limit - results.total
+                decoded = decode_batch(loaded.model, batch, kind, decoding, pad_id=state["pad_id"],
+                                       bos_id=state["bos_id"], eos_id=state["eos_id"], to_text=loaded.codec.decode,
+                                       results=results, limit=limit)
+                exact[: len(decoded)] = decoded
+            lengths = source_lengths(batch, kind).tolist()
+            for i in range(labels.shape[0]):
+                rows.append(Row(lengths[i], nll[i].item(), int(labelled[i].sum()), int(hits[i].sum()), exact[i]))
+    summary = summarize(rows)
+    if results is not None and results.total:
+        summary["exact_match"] = results.exact_match()
+        summary["decoded"] = results.total
+        if state["type"] == "tokenizer":
+            summary["bleu"] = results.bleu()
+    return summary, rows, results
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    tokens = sum(r.tokens for r in rows)
+    nll = sum(r.nll for r in rows) / max(tokens, 1)
+    return {"n": len(rows), "loss": nll, "ppl": math.exp(min(nll, 50.0)),
+            "acc": sum(r.correct for r in rows) / max(tokens, 1),
+            "exact_match": sum(r.exact for r in rows) / max(len(rows), 1)}
+
+
+def length_table(split: str, rows: list[Row], buckets: int) -> list[dict[str, Any]]:
+    """Rows grouped into `buckets` equal-width ranges of source length."""
+    lo, hi = min(r.length for r in rows), max(r.length for r in rows)
+    width = max(1, math.ceil((hi - lo + 1) / buckets))
+    groups: dict[int, list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r.length - lo) // width].append(r)
+    table = []
+    for b in sorted(groups):
+        start = lo + b * width
+        table.append({"split": split, "lengths": [start, min(start + width - 1, hi)], **summarize(groups[b])})
+    return table
+
+
+def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
+    decoding = decoding_config(cfg.decoding)
+    device = pick_device(cfg.device)
+    loaded = load(cfg.ckpt, device)
+    task_cfg = OmegaConf.merge(OmegaConf.create(loaded.config["task"]), cfg.task)
+    task = task_from_config(OmegaConf.to_container(task_cfg, resolve=True))
+    splits = list(cfg.splits) if cfg.splits is not None else list(task.test_splits)
+    report: dict[str, Any] = {"checkpoint": str(loaded.path), "kind": loaded.kind,
+                              "decoding": OmegaConf.to_container(cfg.decoding), "splits": {}, "by_length": []}
+    for split in splits:
+        start = time.time()
+        print(f"evaluating {split} ...", flush=True)
+        summary, rows, results = evaluate_split(loaded, task, split, decoding, cfg.decode_limit, cfg.seed, device)
+        report["splits"][split] = summary
+        report["by_length"] += length_table(split, rows, cfg.buckets)
+        for source, reference, prediction in (results.examples if results else []):
+            print(f"  src: {source}\n  ref: {reference}\n  out: {prediction}")
+        print(f"  {summary['n']} examples in {time.time() - start:.1f}s: " +
+              ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if k not in ("n", "decoded")), flush=True)
+    print_length_table(report["by_length"])
+    output = Path(cfg.output) if cfg.output else loaded.path.with_suffix(".eval.json")
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(output)
+    print(f"results written to {output}")
+    return report
+
+
+def print_length_table(table: list[dict[str, Any]]) -> None:
+    print(f"\n{'split':<12}{'source length':>15}{'n':>7}{'loss':>9}{'acc':>8}{'exact match':>13}")
+    for row in table:
+        a, b = row["lengths"]
+        span = f"{a}" if a == b else f"{a}-{b}"
+        print(f"{row['split']:<12}{span:>15}{row['n']:>7}{row['loss']:>9.4f}{row['acc']:>8.3f}"
+              f"{row['exact_match']:>13.3f}")

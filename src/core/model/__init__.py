@@ -1,0 +1,1 @@
+"""Model wing: `ModelConfig` and its validation, `build_model`, checkpoints. Imports only `archsweep.variants`."""

@@ -1,0 +1,88 @@
+"""Checkpoints: rebuild the plain model from one without Hydra or Lightning, find the one to resume from, and
+write them atomically.
+
+    from archsweep.core.model.checkpoint import load_model
+    model = load_model("outputs/runs/2025-01-01_12-00-00/checkpoints/best.ckpt")  # an nn.Module, eval mode
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from archsweep.core.model.config import ModelConfig
+
+CKPT_DIR = "checkpoints"
+RESUME_IGNORED = ("ckpt_path", "trainer.max_steps", "schedule.total_steps")  # may differ when resuming
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def load_model(path: str | Path, device: str = "cpu"):
+    """The trained `nn.Module` stored in a train.py checkpoint, rebuilt from the config it carries."""
+    return model_from_checkpoint(read_checkpoint(path), path).to(device).eval()
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path):
+    """Rebuild the plain model from a loaded train.py checkpoint dict."""
+    from archsweep.core.model.build import build_model
+
+    if "archsweep" not in ckpt:
+        raise ValueError(f"{path} is not a train.py checkpoint (no 'archsweep' entry)")
+    model = build_model(ModelConfig.from_dict(ckpt["archsweep"]["model_config"]))
+    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
+                           if k.startswith("model.")})
+    return model
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """torch.save to a temporary file beside `path`, then rename over it: a reader never sees a partial file
+    and an interrupted save leaves the previous checkpoint intact."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _resume_key(overrides: list[str]) -> list[str]:
+    return sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_IGNORED)
+
+
+def resolve_ckpt_path(value: str, output_root: str | Path, overrides: list[str]) -> Path:
+    """`ckpt_path` -> a checkpoint file. Accepts a file, a run directory (its checkpoints/last.ckpt), or `last`:
+    the newest last.ckpt under `output_root` of a run launched with the same overrides (ckpt_path and the step
+    budget aside)."""
+    if value != "last":
+        path = Path(value)
+        if path.is_dir():
+            path = path / CKPT_DIR / "last.ckpt"
+        if not path.is_file():
+            raise ValueError(f"ckpt_path={value}: no checkpoint file there; give a .ckpt file, a run directory "
+                             f"holding {CKPT_DIR}/last.ckpt, or `last`")
+        return path
+    wanted = _resume_key(overrides)
+    candidates = sorted(Path(output_root).glob(f"**/{CKPT_DIR}/last.ckpt"), key=lambda p: p.stat().st_mtime,
+                        reverse=True)
+    for path in candidates:
+        recorded = path.parent.parent / ".hydra" / "overrides.yaml"  # written by Hydra in every run directory
+        if recorded.is_file() and _resume_key(list(OmegaConf.load(recorded))) == wanted:
+            return path
+    raise ValueError(f"ckpt_path=last: no run under {output_root}/ launched with overrides {wanted or '(none)'} "
+                     f"has {CKPT_DIR}/last.ckpt ({len(candidates)} other runs have one); pass the checkpoint "
+                     f"file or run directory instead")

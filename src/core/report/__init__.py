@@ -1,0 +1,126 @@
+"""Report wing: compare the runs of one or more sweeps (README: Comparing runs): one table row per cell of the grid (the keys
+that vary, seed aside) with statistics over seeds, loss and by-length plots, written as comparison.md, .csv,
+.json and PNGs. Works on sweeps still running or partly failed: what cannot be used is listed with the reason.
+Imports any other wing (it reads runs the train wing wrote)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from archsweep.core.report.cells import (
+    SortKey,
+    aggregate,
+    available_columns,
+    group_cells,
+    metric_columns,
+    parse_sort,
+    parse_target,
+    sort_cells,
+    varying_keys,
+)
+from archsweep.core.report.plots import plot_by_length, plot_loss
+from archsweep.core.report.render import Report, csv_text, json_text, markdown, terminal
+from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
+
+__all__ = ["CompareError", "Report", "compare", "terminal", "write"]
+FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
+         "loss": "comparison_val_loss.png", "length": "comparison_by_length.png"}
+LENGTH_METRICS = ("exact_match", "acc")  # the metrics results.json's by_length holds per length
+
+
+def run_dirs(sources: list[Path]) -> list[Path]:
+    found: dict[Path, None] = {}
+    for source in sources:
+        if not source.exists():
+            raise CompareError(f"{source} does not exist; give a sweep directory, e.g. outputs/sweeps/<time>")
+        if not source.is_dir():
+            raise CompareError(f"{source} is not a directory; give a sweep directory, e.g. outputs/sweeps/<time>")
+        runs = find_runs(source)
+        if not runs:
+            raise CompareError(f"{source} holds no runs (no results.json or .hydra/overrides.yaml below it); give "
+                               "a sweep directory, e.g. outputs/sweeps/<time>")
+        found |= {r.resolve(): None for r in runs}
+    return list(found)
+
+
+def swept_keys(run_dirs: list[Path], notes: list[str]) -> list[str]:
+    """The keys the sweeps themselves varied (their multirun.yaml), so a grid keeps its columns while some
+    options have no finished run yet."""
+    from archsweep.core.train.runinfo import sweep_keys
+
+    keys: list[str] = []
+    for sweep in dict.fromkeys(d.parent for d in run_dirs if (d.parent / "multirun.yaml").is_file()):
+        try:
+            keys += [k for k in sweep_keys(sweep) if k not in keys]
+        except Exception as e:  # a corrupt multirun.yaml costs its columns, not the comparison
+            notes.append(f"{sweep / 'multirun.yaml'} unreadable, its swept keys not used: {type(e).__name__}: {e}")
+    return keys
+
+
+def choose_sort(expr: str | None, columns: list[str], available: list[str], has_target: bool) -> SortKey:
+    if expr is None:
+        default = next((k for k in ["val/loss", *columns] if k in available and k != "target"), None)
+        return parse_sort(default, available) if default else SortKey("val/loss", True)
+    sort = parse_sort(expr, available)
+    if sort.key == "target" and not has_target:
+        raise CompareError(f"--sort {expr!r} needs a target; add e.g. --target 'val/exact_match>=0.9'")
+    return sort
+
+
+def run_notes(runs: list[Run], cells_of: dict[str, list[Run]]) -> list[str]:
+    notes = [f"{r.run_dir}: {n}" for r in runs for n in r.notes]
+    for label, members in cells_of.items():
+        twice = [s for s, k in Counter(r.values.get("seed") for r in members if r.status == "completed").items()
+                 if k > 1]
+        if twice:
+            notes.append(f"cell {label}: seed {', '.join(map(str, twice))} has more than one completed run; "
+                         "each counts as a seed")
+    return notes
+
+
+def compare(sources: list[str | Path], out: str | Path | None = None, target: str | None = None,
+            sort: str | None = None, metrics: list[str] | None = None) -> Report:
+    """Read the runs under `sources` and build the report (nothing written; see `write`). target: e.g.
+    'val/exact_match>=0.9', None for that default when logged, 'none' for no target column. sort: a column,
+    e.g. 'val/loss' (default) or 'test/acc:max'. metrics: final metrics to show instead of the default ones."""
+    paths = [Path(s) for s in sources]
+    loaded = [load_run(d) for d in run_dirs(paths)]
+    runs = [x for x in loaded if isinstance(x, Run)]
+    skipped = [x for x in loaded if isinstance(x, Skipped)]
+    notes: list[str] = []
+    keys = varying_keys(runs, swept_keys([r.run_dir for r in runs], notes))
+    tgt = parse_target(target, runs)
+    available = available_columns(runs)
+    bad = [m for m in metrics or [] if m not in available or m == "target"]
+    if bad:
+        raise CompareError(f"--metrics {','.join(bad)}: not in the results; choose from {', '.join(available[:-1])}")
+    columns = metric_columns(runs, metrics)
+    order = choose_sort(sort, columns, available, tgt is not None)
+    if order.key not in columns and order.key != "target" and order.key in available:
+        columns.append(order.key)
+    columns += [k for k in ("tokens_per_s", "params") if k in available and k not in columns]
+    cells = group_cells(runs, keys)
+    for cell in cells:
+        aggregate(cell, columns, tgt)
+    notes += run_notes(runs, {c.label: c.runs for c in cells})
+    out_dir = Path(out) if out is not None else paths[0]
+    return Report(paths, out_dir, keys, columns, sort_cells(cells, order), tgt, order, skipped, notes, {})
+
+
+def write(report: Report, plots: bool = True, length_metric: str = "exact_match") -> list[Path]:
+    """Write the plots, comparison.md, .csv and .json into report.out_dir; returns the paths written.
+    length_metric: what the by-length plot shows, exact_match or acc (token accuracy)."""
+    if length_metric not in LENGTH_METRICS:
+        raise CompareError(f"--length-metric {length_metric!r}: choose one of {', '.join(LENGTH_METRICS)}")
+    d = report.out_dir
+    d.mkdir(parents=True, exist_ok=True)
+    if plots:
+        made = {"validation loss": plot_loss(report.cells, d / FILES["loss"]),
+                f"{length_metric} by sequence length": plot_by_length(report.cells, d / FILES["length"],
+                                                                       length_metric)}
+        report.plots = {title: path for title, path in made.items() if path is not None}
+    texts = {FILES["md"]: markdown(report), FILES["csv"]: csv_text(report), FILES["json"]: json_text(report)}
+    for name, text in texts.items():
+        (d / name).write_text(text + ("" if text.endswith("\n") else "\n"))
+    return [*report.plots.values(), *(d / n for n in texts)]

@@ -1,0 +1,125 @@
+"""PNG plots of a comparison: validation loss curves per cell, and exact match by sequence length per cell, each
+the mean over the cell's completed runs with a band of one standard deviation. Matplotlib is imported here only,
+with the Agg backend, so the rest of compare.py starts fast and needs no display."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from archsweep.core.report.cells import Cell
+from archsweep.core.report.runs import Run, Series
+
+
+def mean_band(curves: list[dict[float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs logged at different x: each curve is interpolated onto the union of all x within its own range
+    (never extrapolated); mean and std (n - 1; 0 where one run) over the runs present at each x."""
+    grid = np.array(sorted({x for c in curves for x in c}), dtype=float)
+    stack = np.full((len(curves), len(grid)), np.nan)
+    for i, curve in enumerate(curves):
+        xs = np.array(sorted(curve), dtype=float)
+        stack[i] = np.interp(grid, xs, [curve[x] for x in xs], left=np.nan, right=np.nan)
+    present = ~np.isnan(stack)
+    count = present.sum(0)
+    mean = np.where(present, stack, 0).sum(0) / count
+    sq = np.where(present, (stack - mean) ** 2, 0).sum(0)
+    std = np.sqrt(sq / np.maximum(count - 1, 1)) * (count > 1)
+    return grid, mean, std
+
+
+def loss_curves(cell: Cell, key: str = "val/loss") -> list[dict[float, float]]:
+    runs = [r for r in cell.of("completed") if r.metrics and r.metrics.get(key)]
+    return [dict(points(r.metrics[key])) for r in runs]  # type: ignore[index]
+
+
+def points(series: Series) -> list[tuple[float, float]]:
+    return [(float(s), v) for s, v in series]
+
+
+def by_length(run: Run, name: str = "exact_match") -> dict[float, float]:
+    """Length -> metric over all test splits (weighted by examples where a length is in several)."""
+    sums: dict[float, list[float]] = {}
+    for split in (run.results.get("by_length") or {}).values():
+        for length, m in (split or {}).items():
+            try:
+                n, value = float(m.get("n", 1)), float(m[name])
+                acc = sums.setdefault(float(length), [0.0, 0.0])
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+            acc[0], acc[1] = acc[0] + n * value, acc[1] + n
+    return {x: s / n for x, (s, n) in sums.items() if n > 0}
+
+
+def train_length_edge(runs: list[Run]) -> float | None:
+    """Where test lengths end and test_long lengths begin: the longest length seen in training, as far as the
+    results say."""
+    edges = []
+    for run in runs:
+        splits = run.results.get("by_length") or {}
+        if isinstance(splits.get("test"), dict) and splits.get("test_long"):
+            try:
+                edges.append(max(float(k) for k in splits["test"]))
+            except ValueError:
+                continue
+    return max(edges) if edges else None
+
+
+def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from cycler import cycler
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    colors = plt.get_cmap("tab20").colors  # 20 distinct colours, then the line style changes
+    ax.set_prop_cycle(cycler(ls=["-", "--", ":"]) * cycler(color=colors[0::2] + colors[1::2]))
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _draw(ax: Any, label: str, curves: list[dict[float, float]]) -> None:
+    x, mean, std = mean_band(curves)
+    marker = "o" if len(x) <= 40 else None  # few points: show where they are
+    line = ax.plot(x, mean, marker=marker, ms=3, label=f"{label} (n={len(curves)})")[0]
+    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
+
+
+def _save(fig: Any, ax: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the axes
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_loss(cells: list[Cell], path: Path, key: str = "val/loss") -> Path | None:
+    drawn = [(c.label, curves) for c in cells if (curves := loss_curves(c, key))]
+    if not drawn:
+        return None
+    fig, ax = _axes(f"{key} per cell (mean +- 1 std over seeds)", "step", key)
+    for label, curves in drawn:
+        _draw(ax, label, curves)
+    return _save(fig, ax, path)
+
+
+def plot_by_length(cells: list[Cell], path: Path, name: str = "exact_match") -> Path | None:
+    drawn = [(c.label, curves) for c in cells
+             if (curves := [x for r in c.of("completed") if (x := by_length(r, name))])]
+    if not drawn:
+        return None
+    fig, ax = _axes(f"test {name} by sequence length (mean +- 1 std over seeds)", "sequence length", name)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(-0.03, 1.03)  # a fraction of examples or tokens
+    for label, curves in drawn:
+        _draw(ax, label, curves)
+    edge = train_length_edge([r for c in cells for r in c.of("completed")])
+    if edge is not None:
+        ax.axvline(edge + 0.5, color="grey", ls="--", lw=1, label=f"training lengths end ({edge:g}): test | test_long")
+    return _save(fig, ax, path)

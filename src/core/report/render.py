@@ -1,0 +1,204 @@
+"""The comparison as text: the terminal table, comparison.md, comparison.csv and comparison.json."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from archsweep.core.report.cells import Cell, SortKey, Stat, Target
+from archsweep.core.report.runs import Run, Skipped
+
+COUNTS = ("tokens_per_s", "params")  # shown last, as whole numbers, without a deviation
+HEADERS = {"tokens_per_s": "tokens/s"}
+
+
+@dataclass
+class Report:
+    sources: list[Path]
+    out_dir: Path
+    keys: list[str]
+    columns: list[str]  # final metrics shown, in order
+    cells: list[Cell]  # sorted, best first
+    target: Target | None
+    sort: SortKey
+    skipped: list[Skipped]
+    notes: list[str]  # warnings about runs that were used (metrics.csv unreadable, duplicate seeds)
+    plots: dict[str, Path]  # title -> PNG written
+
+    def runs(self, status: str) -> list[Run]:
+        return [r for c in self.cells for r in c.of(status)]
+
+
+def num(v: float | None, whole: bool = False) -> str:
+    if v is None:
+        return "-"
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:,.0f}" if whole or abs(v) >= 1000 else f"{v:.4f}"
+
+
+def stat_text(s: Stat, whole: bool = False) -> str:
+    return num(s.mean, whole) if s.std is None or whole else f"{num(s.mean)} +- {num(s.std)}"
+
+
+def target_text(cell: Cell) -> str:
+    steps, reached = cell.target_steps, cell.reached()
+    if not steps:
+        return "-"
+    if not reached:
+        return "never"
+    text = f"{statistics.fmean(reached):.0f}" + (f" +- {statistics.stdev(reached):.0f}" if len(reached) > 1 else "")
+    return text + (f" ({len(reached)}/{len(steps)})" if len(reached) < len(steps) else "")
+
+
+def table(report: Report) -> tuple[list[str], list[list[str]], list[bool]]:
+    """Headers, rows of strings, and which columns are numeric (right-aligned)."""
+    cols: list[tuple[str, Callable[[Cell], str], bool]] = [("best", lambda c: "*" if c.best else "", False)]
+    cols += [(k, lambda c, k=k: c.values[k], False) for k in report.keys] or [("cell", lambda c: c.label, False)]
+    cols.append(("seeds", lambda c: str(c.seeds), True))
+    cols += [(k, lambda c, k=k: stat_text(c.stats[k]), True) for k in report.columns if k not in COUNTS]
+    if report.target is not None:
+        cols.append(("steps to target", target_text, True))
+    cols += [(HEADERS.get(k, k), lambda c, k=k: stat_text(c.stats[k], True), True) for k in report.columns
+             if k in COUNTS]
+    cols += [("diverged", lambda c: str(len(c.of("diverged"))), True),
+             ("failed", lambda c: str(len(c.of("failed"))), True)]
+    return [h for h, _, _ in cols], [[f(c) for _, f, _ in cols] for c in report.cells], [r for _, _, r in cols]
+
+
+def text_table(report: Report) -> str:
+    headers, rows, right = table(report)
+    widths = [max(len(x) for x in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(x.rjust(w) if r else x.ljust(w) for x, w, r in zip(cells, widths, right, strict=True))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def markdown_table(report: Report) -> str:
+    headers, rows, right = table(report)
+    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---:" if r else "---" for r in right) + " |"]
+    return "\n".join(out + ["| " + " | ".join(x.replace("|", "\\|") for x in row) + " |" for row in rows])
+
+
+def where(path: Path, base: Path) -> str:
+    """`path` relative to `base` when under it, else as it is."""
+    try:
+        return str(path.resolve().relative_to(base.resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def run_lists(report: Report, base: Path, md: bool) -> list[tuple[str, list[str]]]:
+    """(title, lines) for the failed, diverged and skipped runs, and notes about the runs used; a run is named by
+    its directory (relative to `base` when under it; in backticks in markdown), its cell and seed."""
+    tick = (lambda p: f"`{p}`") if md else str
+
+    def line(run_dir: Path, name: str, what: str) -> str:
+        return f"{tick(where(run_dir, base))}" + (f" ({name})" if name else "") + f": {what}"
+
+    def named(cell: Cell, run: Run) -> str:
+        seed = f"seed={run.values['seed']}" if "seed" in run.values else ""
+        return " ".join(x for x in (cell.label if report.keys else "", seed) if x)
+
+    failed = [line(r.run_dir, named(c, r), first_line(r.results.get("error"))) for c in report.cells
+              for r in c.of("failed")]
+    diverged = [line(r.run_dir, named(c, r), divergence(r)) for c in report.cells for r in c.of("diverged")]
+    skipped = [line(s.run_dir, s.name, s.reason) for s in report.skipped]
+    return [("Failed runs", failed), ("Diverged runs", diverged), ("Skipped runs", skipped), ("Notes", report.notes)]
+
+
+def first_line(error: Any) -> str:
+    lines = str(error or "no error recorded").strip().splitlines() or ["no error recorded"]
+    return lines[0][:300]
+
+
+def divergence(run: Run) -> str:
+    info = run.results.get("diverged") or {}
+    return f"at step {info.get('step', '?')}: {info.get('reason', 'no reason recorded')}"
+
+
+def summary(report: Report) -> str:
+    n = {s: len(report.runs(s)) for s in ("completed", "failed", "diverged")}
+    keys = ", ".join(report.keys) or "none (one cell)"
+    lines = [f"{sum(n.values()) + len(report.skipped)} runs: {n['completed']} completed, {n['failed']} failed, "
+             f"{n['diverged']} diverged, {len(report.skipped)} skipped. Cells by: {keys}.",
+             f"Mean +- standard deviation over each cell's completed runs; sorted by {report.sort}; * marks the best"
+             + (" (a tie)." if sum(c.best for c in report.cells) > 1 else ".")]
+    if report.target is not None:
+        lines.append(f"Steps to {report.target}: the first logged step where it holds, mean over the runs that "
+                     "reached it; (k/n) when only k of n did.")
+    return "\n".join(lines)
+
+
+def terminal(report: Report) -> str:
+    out = [summary(report), "", text_table(report)]
+    for title, lines in run_lists(report, Path.cwd(), md=False):
+        if lines:
+            out += ["", f"{title}:", *(f"  {x}" for x in lines)]
+    return "\n".join(out)
+
+
+def markdown(report: Report) -> str:
+    base = report.out_dir
+    title = ", ".join(s.resolve().name for s in report.sources)
+    sources = ", ".join(f"`{s}`" for s in report.sources)
+    out = [f"# Comparison: {title}", "", f"Sweeps: {sources}.", "", summary(report).replace("\n", "\n\n"), "",
+           markdown_table(report), ""]
+    out += [f"![{title}]({where(path, base)})\n" for title, path in report.plots.items()]
+    for title, lines in run_lists(report, base, md=True):
+        if lines:
+            out += [f"## {title}", "", *(f"- {x}" for x in lines), ""]
+    return "\n".join(out)
+
+
+def csv_text(report: Report) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    stats = [f"{k}_{s}" for k in report.columns for s in ("mean", "std")]
+    target = ["target_steps_mean", "target_steps_std", "target_reached", "target_runs"] if report.target else []
+    writer.writerow(["best", *report.keys, "seeds", *stats, *target, "diverged", "failed"])
+    for c in report.cells:
+        st = [x for k in report.columns for x in (c.stats[k].mean, c.stats[k].std)]
+        tg = [*_mean_std(c.reached()), len(c.reached()), len(c.target_steps)] if report.target else []
+        writer.writerow([int(c.best), *(c.values[k] for k in report.keys), c.seeds, *st, *tg,
+                         len(c.of("diverged")), len(c.of("failed"))])
+    return buf.getvalue()
+
+
+def _mean_std(values: list[int]) -> tuple[float | None, float | None]:
+    s = Stat.of([float(v) for v in values])
+    return s.mean, s.std
+
+
+def json_text(report: Report) -> str:
+    cells = [{"cell": c.values, "best": c.best, "seeds": c.seeds, "diverged": len(c.of("diverged")),
+              "failed": len(c.of("failed")), "target_steps": c.target_steps,
+              "stats": {k: vars(c.stats[k]) for k in report.columns},
+              "runs": [{"run_dir": str(r.run_dir), "status": r.status, "seed": r.values.get("seed")} for r in c.runs]}
+             for c in report.cells]
+    data = {"sources": [str(s) for s in report.sources], "keys": report.keys, "columns": report.columns,
+            "target": str(report.target) if report.target else None, "sort": vars(report.sort), "cells": cells,
+            "failed": [{"run_dir": str(r.run_dir), "error": r.results.get("error")} for r in report.runs("failed")],
+            "diverged": [{"run_dir": str(r.run_dir), **(r.results.get("diverged") or {})}
+                         for r in report.runs("diverged")],
+            "skipped": [{"run_dir": str(s.run_dir), "reason": s.reason} for s in report.skipped],
+            "notes": report.notes, "plots": {t: str(p) for t, p in report.plots.items()}}
+    return json.dumps(strict(data), indent=2, allow_nan=False)
+
+
+def strict(x: Any) -> Any:
+    """NaN and infinities as null: comparison.json stays valid JSON for any reader."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    return [strict(v) for v in x] if isinstance(x, (list, tuple)) else x

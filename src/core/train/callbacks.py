@@ -1,0 +1,90 @@
+"""Lightning callbacks and plugins of train.py: progress lines with throughput, and atomic checkpoint writes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from archsweep.core.model.checkpoint import atomic_save
+
+log = logging.getLogger("train")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to a temporary file and renamed into place."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        atomic_save(checkpoint, path)
+
+
+class Progress(L.Callback):
+    """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step and
+    per validation. Counts come from the batch's `n_tokens` (a Python int set on the CPU): no device sync."""
+
+    def __init__(self, start_time: float) -> None:
+        self.start_time = start_time  # process start, for time to first step
+        self.first_step_s: float | None = None
+        self.tokens = self.window_tokens = 0
+        self.train_s = 0.0  # fit time without validation
+        self.val_s = 0.0
+        self.window_start = self.fit_start = self.val_start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.fit_start = self.window_start = time.perf_counter()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.train_s = time.perf_counter() - self.fit_start - self.val_s
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.first_step_s is None:
+            self.first_step_s = time.time() - self.start_time
+            log.info(f"first training step {self.first_step_s:.1f} s after start")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        now = time.perf_counter()
+        self.tokens += batch["n_tokens"]
+        self.window_tokens += batch["n_tokens"]
+        every = trainer.log_every_n_steps
+        if every and trainer.global_step % every == 0 and (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
+            rate = self.window_tokens / max(now - self.window_start, 1e-9)
+            pl_module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
+            self.window_tokens, self.window_start = 0, now
+            self._print_step(trainer, rate)
+
+    def _print_step(self, trainer: L.Trainer, rate: float) -> None:
+        m = trainer.callback_metrics  # tensors -> floats here, once per log step
+        step, total = trainer.global_step, trainer.max_steps
+        elapsed = time.perf_counter() - self.fit_start
+        eta = elapsed / step * (total - step) if step and total > 0 else 0.0
+        parts = [f"step {step}/{total}", f"loss {float(m['train/loss']):.4f}"]
+        if "train/acc" in m:
+            parts.append(f"acc {float(m['train/acc']):.3f}")
+        if "train/lr" in m:
+            parts.append(f"lr {float(m['train/lr']):.2e}")
+        parts += [f"{rate:,.0f} tok/s", f"eta {eta:.0f}s"]
+        log.info(" | ".join(parts))
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        spent = time.perf_counter() - self.val_start
+        self.window_start += spent  # keep validation out of tokens/s
+        if trainer.state.fn == "fit":
+            self.val_s += spent
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        m = trainer.callback_metrics
+        keys = [k for k in ("val/loss", "val/ppl", "val/acc", "val/exact_match") if k in m]
+        log.info(f"validation at step {trainer.global_step}: " + ", ".join(
+            f"{k.split('/')[1]} {float(m[k]):.4f}" for k in keys))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.train_s if self.train_s else 0.0

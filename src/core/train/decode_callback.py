@@ -1,0 +1,50 @@
+"""At each validation: decode a fixed sample of validation examples, log exact match and BLEU from real
+decoding (not teacher forcing), print a few (source, reference, prediction) triples and log them to W&B as a
+table. Only for sequence-to-sequence tasks and the kinds that generate."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+from archsweep.core.data.codec import Codec
+from archsweep.core.eval.evaluation import DecodeResults, decode_batch
+from archsweep.core.eval.generation import DecodingConfig
+
+
+class DecodeOnValidation(L.Callback):
+    def __init__(self, task: Any, kind: str, codec: Codec, decoding: DecodingConfig, samples: int, show: int,
+                 seed: int) -> None:
+        if samples < 1:
+            raise ValueError(f"eval.decode_samples={samples} must be positive (or turn decoding off with 0 "
+                             f"before building the callback)")
+        self.task, self.kind, self.codec, self.decoding = task, kind, codec, decoding
+        self.samples, self.show, self.seed = samples, show, seed
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or (trainer.state.fn == "fit" and getattr(pl_module, "diverged", None)):
+            return  # a diverged run's stopping validation: its weights may be NaN, and sampling would fail
+        start = time.time()
+        results = DecodeResults(keep_examples=self.show)
+        for batch in self.task.dataloader("val", self.kind, self.seed):
+            if results.total >= self.samples:
+                break
+            batch = {k: v.to(pl_module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            decode_batch(pl_module.model, batch, self.kind, self.decoding, pad_id=self.task.pad_id,
+                         bos_id=self.task.bos_id, eos_id=self.task.eos_id, to_text=self.codec.decode,
+                         results=results, limit=self.samples - results.total)
+        pl_module.log("val/decoded_exact_match", results.exact_match(), on_epoch=True, sync_dist=False)
+        pl_module.log("val/bleu", results.bleu(), on_epoch=True, sync_dist=False)
+        lines = [f"decoded {results.total} validation examples ({self.decoding.strategy}) in "
+                 f"{time.time() - start:.1f}s: exact match {results.exact_match():.4f}, BLEU {results.bleu():.2f}"]
+        lines += [f"  src: {s}\n  ref: {r}\n  out: {p}" for s, r, p in results.examples]
+        rank_zero_info("\n".join(lines))
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger) and results.examples:
+                logger.log_table("val/examples", columns=["source", "reference", "prediction"],
+                                 data=[list(e) for e in results.examples], step=trainer.global_step)

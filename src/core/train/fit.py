@@ -1,0 +1,206 @@
+"""Build, fit and test one validated configuration with Lightning; write the run directory's outputs.
+
+<run dir>/config.yaml        resolved config (what was trained, vocab sizes filled in)
+<run dir>/metrics.csv        every logged metric, whatever the logger
+<run dir>/checkpoints/       last.ckpt (resume) and best.ckpt (lowest val/loss)
+<run dir>/attention/         attention maps at each validation (step_<step>.png; `diagnostics:` settings)
+<run dir>/results.json       final metrics and facts about the run (keys: README, "Outputs")
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch.distributed as dist
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf, read_write
+
+from archsweep.core.model.build import build_model, count_parameters
+from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
+from archsweep.core.model.checkpoint import CKPT_DIR, read_checkpoint
+from archsweep.core.data.codec import codec_from_state, codec_state_for
+from archsweep.core.train.decode_callback import DecodeOnValidation
+from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
+from archsweep.core.train.diagnostics import check_diagnostics
+from archsweep.core.eval.inference import decoding_config
+from archsweep.core.train.job import ConfigError, Setup, write_json
+from archsweep.core.train.lit import LitModel
+from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
+from archsweep.core.train.runinfo import RunInfo, wandb_config
+from archsweep.core.data.tasks.base import Task
+
+log = logging.getLogger("train")
+
+
+class TaskData(L.LightningDataModule):
+    """The task's dataloaders; training resumes at the batch the restored step count says."""
+
+    def __init__(self, task: Task, kind: str, seed: int) -> None:
+        super().__init__()
+        self.task, self.kind, self.seed = task, kind, seed
+
+    def _loader(self, split: str, start: int = 0) -> Any:
+        t = self.trainer
+        return self.task.dataloader(split, self.kind, self.seed, start, t.global_rank, t.world_size)
+
+    def train_dataloader(self) -> Any:
+        return self._loader("train", self.trainer.global_step * self.trainer.accumulate_grad_batches)
+
+    def val_dataloader(self) -> Any:
+        return self._loader("val")
+
+    def test_dataloader(self) -> Any:
+        splits = self.task.test_splits
+        return self._loader(splits[0]) if len(splits) == 1 else [self._loader(s) for s in splits]
+
+
+def resume_meta(setup: Setup) -> dict[str, Any] | None:
+    if setup.ckpt_path is None:
+        return None
+    meta = read_checkpoint(setup.ckpt_path).get("archsweep")
+    if meta is None:
+        raise ConfigError(f"ckpt_path={setup.ckpt_path} is not a train.py checkpoint")
+    if meta["model_config"] != setup.model_cfg.to_dict():
+        diff = {k: (v, meta["model_config"].get(k)) for k, v in setup.model_cfg.to_dict().items()
+                if meta["model_config"].get(k) != v}
+        raise ConfigError(f"ckpt_path={setup.ckpt_path} holds a different model; (now, checkpoint) differ in "
+                          f"{diff}; resume with the overrides the run was started with")
+    return meta
+
+
+def sweep_job_for_ddp(info: RunInfo) -> None:
+    """Lightning starts DDP workers by re-running the command line; in a sweep that line is the whole sweep.
+    Point it at this job alone, in this job's directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    sys.argv = [sys.argv[0], *info.overrides]
+    hc = HydraConfig.get()
+    with read_write(hc):
+        hc.run.dir = str(info.run_dir)
+
+
+def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_dir: Path) -> L.Trainer:
+    args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    accumulate = args.get("accumulate_grad_batches", 1)
+    args["val_check_interval"] = min(args["val_check_interval"], args["max_steps"] * accumulate)
+    return L.Trainer(**args, logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()],
+                     default_root_dir=str(run_dir))
+
+
+def metrics_of(split: str, out: dict[str, Any]) -> dict[str, float]:
+    return {k.split("/", 1)[1]: float(v) for k, v in out.items() if k.startswith(f"{split}/")}
+
+
+def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_cb: ModelCheckpoint,
+                       splits: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(validation outputs, test outputs, checkpoint evaluated) from the best checkpoint, else the final weights.
+    A diverged run is evaluated only from a checkpoint whose validation loss was finite; without one, its
+    metrics are NaN and its (possibly NaN) weights are not run."""
+    best = ckpt_cb.best_model_path or None
+    score = ckpt_cb.best_model_score
+    if lit.diverged is not None and (best is None or score is None or not math.isfinite(float(score))):
+        nan = {f"{split}/{k}": math.nan for split in ("val", *splits) for k in ("loss", "ppl", "acc", "exact_match")}
+        return nan, nan, None
+    ckpt = "best" if best else None
+    val = trainer.validate(lit, datamodule=data, ckpt_path=ckpt, verbose=False)[0]
+    test = {k: v for out in trainer.test(lit, datamodule=data, ckpt_path=ckpt, verbose=False) for k, v in out.items()}
+    return val, test, best
+
+
+DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "PL_GLOBAL_SEED",
+           "PL_SEED_WORKERS")
+
+
+def train(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> dict[str, Any] | None:
+    """Returns results.json's content (None in DDP worker processes other than rank 0)."""
+    env = {k: os.environ.get(k) for k in DDP_ENV}
+    try:
+        return fit_and_test(cfg, setup, info, start_time)
+    finally:
+        # Lightning leaves its process group and environment (LOCAL_RANK, MASTER_PORT, ...) behind; the next job
+        # of a sweep would take them for an external launcher's and never start its own workers.
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> dict[str, Any] | None:
+    meta_in = resume_meta(setup)
+    try:
+        diag = check_diagnostics(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    model = build_model(setup.model_cfg)
+    n_params = count_parameters(model)
+    if cfg.compile:
+        model.compile()
+    run_id = meta_in["wandb_run_id"] if meta_in else new_run_id()
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    codec = codec_state_for(setup.task)  # lets generate.py / evaluate.py work from a checkpoint alone
+    meta = {"config": resolved, "choices": info.choices, "overrides": info.overrides, "wandb_run_id": run_id,
+            "codec": codec}
+    lit = LitModel(model, setup.task.forward_fn(setup.model_cfg.kind), resolved["optim"], resolved["schedule"],
+                   cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits)
+    extra = {"params": n_params, "run_dir": str(info.run_dir)}
+    loggers = make_loggers(resolved["logger"], info.run_dir, info.name, info.group, info.tags,
+                           wandb_config(cfg, info, extra), run_id)
+    ckpt_cb = ModelCheckpoint(dirpath=str(info.run_dir / CKPT_DIR), filename="best", monitor="val/loss", mode="min",
+                              save_top_k=1, save_last=True, auto_insert_metric_name=False,
+                              enable_version_counter=False)
+    progress = Progress(start_time)
+    if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
+        sweep_job_for_ddp(info)
+    callbacks: list[L.Callback] = [ckpt_cb, progress]
+    kind, text = setup.model_cfg.kind, codec_from_state(codec)
+    if cfg.eval.decode_samples > 0 and codec["seq2seq"] and kind != "encoder_only":
+        callbacks.append(DecodeOnValidation(setup.task, kind, text, decoding_config(cfg.decoding),
+                                            cfg.eval.decode_samples, cfg.eval.show_examples, cfg.seed))
+    callbacks += diagnostic_callbacks(diag, setup.task, kind, text, cfg.seed, info.run_dir, compiled=cfg.compile)
+    trainer = make_trainer(cfg, loggers, callbacks, info.run_dir)
+    if trainer.is_global_zero:
+        OmegaConf.save(cfg, info.run_dir / "config.yaml", resolve=True)
+        setup.task.save(info.run_dir)  # e.g. the tokenizer, so the run's outputs can be decoded
+        log.info(f"run {info.name!r} in {info.run_dir}: {setup.model_cfg.kind}, {n_params:,} parameters"
+                 + (f", resuming from {setup.ckpt_path}" if setup.ckpt_path else ""))
+    data = TaskData(setup.task, setup.model_cfg.kind, cfg.seed)
+    fit_start = time.time()
+    trainer.fit(lit, datamodule=data, ckpt_path=str(setup.ckpt_path) if setup.ckpt_path else None)
+    fit_s = time.time() - fit_start
+    if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
+        trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
+    val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
+    results = None
+    if trainer.is_global_zero:
+        results = {
+            "status": "diverged" if lit.diverged else "completed", "error": None,
+            "diverged": lit.diverged,  # {"step", "reason"} when the divergence check stopped the run
+            "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
+            "choices": info.choices, "overrides": info.overrides, "seed": cfg.seed, "params": n_params,
+            "steps": trainer.global_step, "val": metrics_of("val", val),
+            **{split: metrics_of(split, test) for split in setup.task.test_splits},
+            "by_length": lit.by_length,  # split -> source length -> {"n", "exact_match", "acc"}
+            "best_checkpoint": best,
+            "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
+            "tokens_per_s": progress.tokens_per_s * trainer.world_size,
+            "train_time_s": progress.train_s, "fit_time_s": fit_s, "wall_time_s": time.time() - start_time,
+            "time_to_first_step_s": progress.first_step_s, "world_size": trainer.world_size,
+            "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id,
+        }
+        write_json(info.run_dir / "results.json", results)
+        log.info(f"done in {results['wall_time_s']:.0f} s: val exact match {results['val']['exact_match']:.4f}, "
+                 f"test exact match {results['test']['exact_match']:.4f}, {results['tokens_per_s']:,.0f} tok/s; "
+                 f"results in {info.run_dir / 'results.json'}")
+    finish_wandb()
+    return results

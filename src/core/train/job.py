@@ -1,0 +1,272 @@
+"""One train.py job: check the config without heavy imports, train, and record the outcome.
+
+Everything a user can get wrong is checked here first (model fields, task/model compatibility, optimiser,
+schedule, logger, trainer settings, the checkpoint to resume), so a refused config answers in well under a
+second. Lightning, torchmetrics and wandb are imported only once the config is known to be good.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from archsweep.core.model.checkpoint import resolve_ckpt_path
+from archsweep.core.model.config import DecodingConfig, ModelConfig
+from archsweep.core.train.diagnostics import check_diagnostics
+from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
+from archsweep.core.train.runinfo import RunInfo, run_info
+from archsweep.core.train.sweep import append_summary, earlier_run
+from archsweep.core.data.tasks.base import Task
+
+log = logging.getLogger("train")
+
+OPTIMIZERS = ("adamw",)
+SCHEDULES = ("noam", "cosine", "constant")
+PRECISIONS = ("32-true", "32", 32, "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64", 64,
+              "transformer-engine", "transformer-engine-float16")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; raised before training starts."""
+
+
+@dataclass
+class Setup:
+    model_cfg: ModelConfig
+    task: Task
+    ckpt_path: Path | None
+
+
+def build_task(cfg: DictConfig) -> Task:
+    try:
+        task = instantiate(cfg.task)
+    except Exception as e:  # Hydra wraps the constructor's TypeError/ValueError
+        raise ConfigError(f"task: {e.__cause__ or e}") from None
+    if not isinstance(task, Task):
+        raise ConfigError(f"task._target_={cfg.task._target_} does not build a archsweep.core.data.tasks.Task")
+    return task
+
+
+def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    for key, value in task.model_fields().items():
+        if fields.get(key) is None:
+            fields[key] = value
+    try:
+        model_cfg = ModelConfig.from_dict(fields)
+        task.check_model(model_cfg)
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+    filled = list(task.model_fields())
+    if cfg.match_params is not None:
+        model_cfg = match_params(model_cfg, cfg.match_params)
+        filled.append("d_ff")
+    with open_dict(cfg):  # the resolved config records what was actually built
+        for key in filled:
+            cfg.model[key] = getattr(model_cfg, key)
+    return model_cfg
+
+
+def match_params(model_cfg: ModelConfig, target: Any) -> ModelConfig:
+    """Solve model.d_ff for `target`: a parameter count, or model fields naming a reference model (this model with
+    those fields changed, e.g. {ffn: relu}), whose parameter count is then the target."""
+    from archsweep.core.model.build import match_d_ff, parameter_count  # imports torch; only when asked for
+
+    try:
+        if isinstance(target, DictConfig):
+            fields = OmegaConf.to_container(target, resolve=True)
+            reference = ModelConfig.from_dict({**model_cfg.to_dict(), **fields})
+            target = parameter_count(reference)
+            log.info(f"match_params: the reference model ({', '.join(f'{k}={v}' for k, v in fields.items())}) "
+                     f"has {target:,} parameters")
+        matched, count = match_d_ff(model_cfg, target)
+    except ValueError as e:
+        raise ConfigError(str(e) if str(e).startswith("match_params") else f"match_params: {e}") from None
+    log.info(f"match_params: model.d_ff={matched.d_ff} gives {count:,} parameters ({(count - target) / target:+.2%} "
+             f"from {target:,})")
+    return matched
+
+
+def check_training(cfg: DictConfig) -> None:
+    def fail(msg: str) -> None:
+        raise ConfigError(msg)
+
+    if cfg.optim.name not in OPTIMIZERS:
+        fail(f"optim.name={cfg.optim.name!r} is not a known optimiser; valid options: {', '.join(OPTIMIZERS)}")
+    if not cfg.optim.lr > 0:
+        fail(f"optim.lr={cfg.optim.lr} must be positive")
+    if cfg.schedule.name not in SCHEDULES:
+        fail(f"schedule.name={cfg.schedule.name!r} is not a known schedule; valid options: {', '.join(SCHEDULES)}")
+    if cfg.schedule.warmup_steps < 0:
+        fail(f"schedule.warmup_steps={cfg.schedule.warmup_steps} must be >= 0")
+    if cfg.schedule.name == "cosine" and cfg.schedule.total_steps <= cfg.schedule.warmup_steps:
+        fail(f"schedule.total_steps={cfg.schedule.total_steps} must exceed schedule.warmup_steps="
+             f"{cfg.schedule.warmup_steps} for the cosine schedule")
+    if not 0.0 <= cfg.label_smoothing < 1.0:
+        fail(f"label_smoothing={cfg.label_smoothing} must be in [0, 1)")
+    if cfg.logger.name not in LOGGERS:
+        fail(f"logger.name={cfg.logger.name!r} is not a known logger; valid options: {', '.join(LOGGERS)}")
+    if cfg.logger.name == "wandb":
+        try:
+            wandb_mode(cfg.logger.mode)
+        except ValueError as e:
+            fail(str(e))
+    trainer = cfg.trainer
+    if not isinstance(trainer.max_steps, int) or trainer.max_steps < 1:
+        fail(f"trainer.max_steps={trainer.max_steps} must be a positive integer (the training stream is endless)")
+    if trainer.precision not in PRECISIONS:
+        fail(f"trainer.precision={trainer.precision!r} is not a known precision; common options: 32-true, "
+             f"bf16-mixed, 16-mixed")
+    try:
+        DecodingConfig.from_dict(OmegaConf.to_container(cfg.decoding, resolve=True))
+    except ValueError as e:
+        fail(str(e))
+    if not isinstance(cfg.objective, str) or "/" not in cfg.objective:
+        fail(f"objective={cfg.objective!r} must name a results.json metric as split/name, e.g. val/loss or "
+             f"val/exact_match")
+    try:
+        check_diagnostics(cfg)
+    except ValueError as e:
+        fail(str(e))
+    threads = cfg.threads
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        fail(f"threads={threads!r} must be a positive number of CPU threads, or null for torch's default")
+    if not isinstance(cfg.eval.decode_samples, int) or cfg.eval.decode_samples < 0:
+        fail(f"eval.decode_samples={cfg.eval.decode_samples!r} must be a number of examples >= 0 (0: no decoding)")
+    interval = trainer.get("val_check_interval")
+    if not isinstance(interval, int) or interval < 1:
+        fail(f"trainer.val_check_interval={interval!r} must be a positive number of training batches")
+
+
+def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
+    task = build_task(cfg)
+    model_cfg = model_config(cfg, task)
+    check_training(cfg)
+    ckpt = None
+    if cfg.ckpt_path is not None:
+        try:
+            ckpt = resolve_ckpt_path(str(cfg.ckpt_path), cfg.output_root, info.overrides)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return Setup(model_cfg, task, ckpt)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
+    info.run_dir.mkdir(parents=True, exist_ok=True)
+    (info.run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+    results = {"status": "failed", "error": f"{type(error).__name__}: {error}", "run_dir": str(info.run_dir),
+               "name": info.name, "choices": info.choices, "overrides": info.overrides, "seed": seed}
+    write_json(info.run_dir / "results.json", results)
+    return results
+
+
+def cpu_threads(cfg: DictConfig) -> int | None:
+    """cfg.threads; else under a launcher that runs several jobs on one machine, that job's share of the cores
+    (torch would otherwise start one thread per core in every job, and the jobs would slow each other many
+    times); else None (torch's default)."""
+    if cfg.threads is not None:
+        return cfg.threads
+    from hydra.core.hydra_config import HydraConfig
+
+    launcher = HydraConfig.get().launcher
+    target = str(launcher.get("_target_", ""))
+    if launcher.get("cpus_per_task"):  # submitit: what the scheduler allots each job
+        return int(launcher.cpus_per_task)
+    if "JoblibLauncher" in target:
+        cores, n_jobs = os.cpu_count() or 1, launcher.get("n_jobs") or 1
+        return max(1, cores // (cores if n_jobs < 0 else n_jobs))  # joblib: n_jobs=-1 is one job per core
+    if target.endswith("submitit_launcher.LocalLauncher"):
+        return 1  # submitit_local starts every job at once
+    return None
+
+
+def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, Any] | None:
+    """In a sweep re-run into its own directory: the earlier results of a finished cell (the job is skipped),
+    or None after pointing an interrupted cell at its last checkpoint."""
+    if not info.multirun:
+        return None
+    try:
+        state, results = earlier_run(info.run_dir, OmegaConf.to_container(cfg, resolve=True))
+    except ValueError as e:
+        raise CellConflict(str(e)) from None
+    if state == "finished":
+        log.info(f"job {info.job_num} ({info.name}): {results['status']} earlier in {info.run_dir}; skipped")
+        return results
+    if state == "resume" and setup.ckpt_path is None:
+        setup.ckpt_path = info.run_dir / "checkpoints" / "last.ckpt"
+        log.info(f"job {info.job_num} ({info.name}): resuming the interrupted run from {setup.ckpt_path}")
+    return None
+
+
+class CellConflict(RuntimeError):
+    """A sweep job's directory holds a run of another configuration; it is left untouched."""
+
+
+def run_job(cfg: DictConfig, start_time: float) -> float:
+    """Train one configuration. Returns the final validation loss (NaN for a failed job in a sweep, which is
+    recorded and does not stop the other jobs)."""
+    info = run_info(cfg)
+    try:
+        setup = prepare(cfg, info)
+        if cfg.trace_shapes:
+            from archsweep.core.eval.trace import trace_shapes
+
+            print(trace_shapes(setup.model_cfg, setup.task, cfg.seed))
+            return math.nan
+        done = skip_or_resume(cfg, info, setup)
+        if done is not None:
+            append_summary(info, done, skipped=True)
+            return objective_value(done, cfg.objective)
+        threads = cpu_threads(cfg)
+        import torch  # noqa: I001  (heavy imports from here on)
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+            log.info(f"torch CPU threads: {threads}")
+        from archsweep.core.train.fit import train
+
+        results = train(cfg, setup, info, start_time)
+    except CellConflict as error:  # never record anything in that directory
+        log.error(f"job {info.job_num} ({info.name}) not run: {error}")
+        append_summary(info, {"status": "failed", "error": str(error)})
+        return math.nan
+    except Exception as error:
+        finish_wandb(exit_code=1)
+        results = record_failure(info, error, cfg.seed)
+        if info.multirun:
+            append_summary(info, results)
+            log.error(f"job {info.job_num} ({info.name}) failed: {results['error']} (details: "
+                      f"{info.run_dir / 'error.txt'})")
+            return math.nan
+        if isinstance(error, ConfigError):
+            raise SystemExit(f"error: {error}") from None
+        raise
+    if info.multirun and results:
+        append_summary(info, results)
+    return objective_value(results, cfg.objective) if results else math.nan
+
+
+def objective_value(results: dict[str, Any], objective: str) -> float:
+    """results[split][name] for objective "split/name" (NaN, with a logged error, when the run has no such metric)."""
+    split, _, name = objective.partition("/")
+    value = (results.get(split) or {}).get(name)
+    if not isinstance(value, (int, float)):
+        log.error(f"objective={objective!r}: the run recorded no such metric; available: "
+                  + ", ".join(f"{s}/{k}" for s in ("val", "test") for k in results.get(s) or {}))
+        return math.nan
+    return float(value)

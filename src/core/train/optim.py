@@ -1,0 +1,68 @@
+"""AdamW with decay only on matrices (Loshchilov & Hutter 2019), and warm-up learning-rate schedules.
+
+Schedules are multipliers of optim.lr per optimiser step: `noam` is the 2017 paper's inverse square root
+(section 5.3) normalised to peak at 1 after warm-up, `cosine` decays to min_lr_ratio, `constant` holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from archsweep.variants.embedding import TokenEmbedding
+
+OPTIMIZERS = ("adamw",)
+SCHEDULES = ("noam", "cosine", "constant")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two groups: weight matrices (decayed) and norms, biases and embeddings/position tables (not decayed).
+    A tied output projection shares the embedding Parameter, so it is not decayed either."""
+    no_decay = {id(p) for m in model.modules() if isinstance(m, (nn.Embedding, TokenEmbedding))
+                for p in m.parameters(recurse=False)}
+    decay, keep = [], []
+    for p in model.parameters():  # each shared Parameter once
+        if not p.requires_grad:
+            continue
+        (keep if p.ndim < 2 or id(p) in no_decay else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
+    if cfg["name"] != "adamw":
+        raise ValueError(f"optim.name={cfg['name']!r} is not a known optimiser; valid: {', '.join(OPTIMIZERS)}")
+    return torch.optim.AdamW(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"], betas=tuple(cfg["betas"]),
+                             eps=cfg["eps"])
+
+
+def lr_multiplier(cfg: dict[str, Any]) -> Callable[[int], float]:
+    """step (0-based optimiser steps taken) -> factor applied to optim.lr."""
+    warmup = max(int(cfg["warmup_steps"]), 0)
+    name = cfg["name"]
+
+    def warm(step: int) -> float:
+        return (step + 1) / warmup if step + 1 < warmup else 1.0
+
+    if name == "noam":
+        return lambda step: min(warm(step), math.sqrt(max(warmup, 1) / (step + 1)))
+    if name == "constant":
+        return warm
+    if name == "cosine":
+        total, floor = int(cfg["total_steps"]), float(cfg["min_lr_ratio"])
+
+        def cosine(step: int) -> float:
+            if step + 1 < warmup:
+                return warm(step)
+            progress = min((step + 1 - warmup) / max(total - warmup, 1), 1.0)
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        return cosine
+    raise ValueError(f"schedule.name={name!r} is not a known schedule; valid: {', '.join(SCHEDULES)}")
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any]) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(cfg))

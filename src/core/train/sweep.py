@@ -1,0 +1,128 @@
+"""Sweep bookkeeping: every job appends its outcome to <sweep dir>/summary.jsonl; when the sweep ends, a table
+of all jobs is printed, and the process exits non-zero if any job failed (after all of them ran).
+
+Re-running a sweep into its own directory (`hydra.sweep.dir=<dir>`; experiment presets use a fixed one) skips
+the cells already completed or diverged there, resumes interrupted ones from their last checkpoint, and runs
+the rest. A directory holding a sweep launched with other overrides is refused before any job starts, so no
+finished run is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from archsweep.core.train.runinfo import is_setting, override_key
+
+log = logging.getLogger("train")
+SUMMARY = "summary.jsonl"
+FINISHED = ("completed", "diverged")  # outcomes a re-run keeps; a failed or interrupted cell runs again
+
+
+def _sweep_overrides(cfg: DictConfig) -> list[str]:
+    return sorted(o for o in cfg.hydra.overrides.task if not is_setting(override_key(o)))
+
+
+def check_sweep_dir(config: DictConfig) -> None:
+    """Refuse to reuse a sweep directory that holds a sweep of other overrides (its runs would be overwritten)."""
+    sweep_dir = Path(config.hydra.sweep.dir)
+    saved = sweep_dir / "multirun.yaml"
+    if not saved.is_file():
+        return
+    before, now = _sweep_overrides(OmegaConf.load(saved)), _sweep_overrides(config)
+    if before != now:
+        raise SystemExit(
+            f"error: {sweep_dir} holds a sweep launched with other overrides ({' '.join(before) or 'none'}; now "
+            f"{' '.join(now) or 'none'}); its runs are kept. Start a new sweep with hydra.sweep.dir=<new directory>, "
+            f"or re-run with the same overrides to finish that one")
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if not is_setting(k)}
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _diff(x, y, f"{prefix}{key}.")
+        elif x != y:
+            out.append(f"{prefix}{key}: {x!r} -> {y!r}")
+    return out
+
+
+def earlier_run(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """What this job's directory already holds: ("new", None), ("finished", results) for a completed or diverged
+    run of the same config, ("resume", None) for an interrupted or failed one with a last checkpoint. A run of a
+    different config raises ValueError (the caller must not touch it)."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return "new", None
+    before = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+    diff = _diff(_comparable(before), _comparable(config))
+    if diff:
+        raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); it is kept. Start a "
+                         f"new sweep with hydra.sweep.dir=<new directory>")
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        results = None
+    if results and results.get("status") in FINISHED:
+        return "finished", results
+    return ("resume", None) if (run_dir / "checkpoints" / "last.ckpt").is_file() else ("new", None)
+
+
+def append_summary(info: Any, results: dict[str, Any], skipped: bool = False) -> None:
+    line = {"job": info.job_num, "name": info.name, "status": results.get("status"), "error": results.get("error"),
+            "run_dir": str(info.run_dir), "overrides": info.overrides, "skipped": skipped,
+            "val": results.get("val"), "test": results.get("test")}
+    with open(Path(info.sweep_dir) / SUMMARY, "a") as f:  # one short append per job
+        f.write(json.dumps(line) + "\n")
+
+
+def read_summary(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """The latest line of each job (a re-run sweep appends again for the jobs it ran or skipped)."""
+    path = Path(sweep_dir) / SUMMARY
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    return list({row["run_dir"]: row for row in lines}.values())
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'job':>4}  {'status':<9}  {'val loss':>9}  {'val exact':>9}  {'test exact':>10}  name / error"]
+    for r in sorted(rows, key=lambda r: r["job"] if r["job"] is not None else -1):
+        val, test = r.get("val") or {}, r.get("test") or {}
+
+        def num(d: dict[str, Any], k: str) -> str:
+            return f"{d[k]:.4f}" if isinstance(d.get(k), (int, float)) else "-"
+
+        tail = f"{r['name']}: {r['error']}" if r.get("error") else r["name"]
+        if r.get("skipped"):
+            tail += " (finished earlier, skipped)"
+        lines.append(f"{r['job']:>4}  {r['status']:<9}  {num(val, 'loss'):>9}  {num(val, 'exact_match'):>9}  "
+                     f"{num(test, 'exact_match'):>10}  {tail}")
+    return "\n".join(lines)
+
+
+class SweepSummary(Callback):
+    """Hydra callback (conf/train.yaml: hydra.callbacks)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_sweep_dir(config)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = read_summary(sweep_dir)
+        if not rows:
+            return
+        failed = [r for r in rows if r["status"] not in FINISHED]
+        log.info(f"sweep {sweep_dir}: {len(rows) - len(failed)} of {len(rows)} jobs completed\n"
+                 + format_table(rows))
+        if failed:
+            raise SystemExit(f"error: {len(failed)} of {len(rows)} sweep jobs failed; see {sweep_dir / SUMMARY} "
+                             f"and error.txt in each failed job's directory")
