@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from archsweep.core.model.checkpoint import atomic_save, load_model
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.synthetic import ReverseTask
+from archsweep.core.model.checkpoint import atomic_save, load_model
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
@@ -29,8 +28,8 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length",
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
-GROUPS = {"model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "decoding", "experiment",
-          "hparams_search"}
+GROUPS = {"model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",
+          "experiment", "hparams_search"}
 
 
 def wandb_reader():

@@ -22,19 +22,18 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from archsweep.core.model.build import build_model, count_parameters
-from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
-from archsweep.core.model.checkpoint import CKPT_DIR, read_checkpoint
 from archsweep.core.data.codec import codec_from_state, codec_state_for
+from archsweep.core.data.tasks.base import Task
+from archsweep.core.model.build import build_model, count_parameters
+from archsweep.core.model.checkpoint import CKPT_DIR
+from archsweep.core.train.callback_group import make_callbacks
+from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
-from archsweep.core.train.diagnostics import check_diagnostics
-from archsweep.core.eval.inference import decoding_config
-from archsweep.core.train.job import ConfigError, Setup, write_json
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.runinfo import RunInfo, wandb_config
-from archsweep.core.data.tasks.base import Task
+from archsweep.core.train.setup import Setup, write_json
 
 log = logging.getLogger("train")
 
@@ -59,20 +58,6 @@ class TaskData(L.LightningDataModule):
     def test_dataloader(self) -> Any:
         splits = self.task.test_splits
         return self._loader(splits[0]) if len(splits) == 1 else [self._loader(s) for s in splits]
-
-
-def resume_meta(setup: Setup) -> dict[str, Any] | None:
-    if setup.ckpt_path is None:
-        return None
-    meta = read_checkpoint(setup.ckpt_path).get("archsweep")
-    if meta is None:
-        raise ConfigError(f"ckpt_path={setup.ckpt_path} is not a train.py checkpoint")
-    if meta["model_config"] != setup.model_cfg.to_dict():
-        diff = {k: (v, meta["model_config"].get(k)) for k, v in setup.model_cfg.to_dict().items()
-                if meta["model_config"].get(k) != v}
-        raise ConfigError(f"ckpt_path={setup.ckpt_path} holds a different model; (now, checkpoint) differ in "
-                          f"{diff}; resume with the overrides the run was started with")
-    return meta
 
 
 def sweep_job_for_ddp(info: RunInfo) -> None:
@@ -136,11 +121,8 @@ def train(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> di
 
 
 def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> dict[str, Any] | None:
-    meta_in = resume_meta(setup)
-    try:
-        diag = check_diagnostics(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    """Build, fit and test `setup` (checked by job.py; `cfg` is read, not checked again)."""
+    meta_in = setup.resume
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = build_model(setup.model_cfg)
     n_params = count_parameters(model)
@@ -165,9 +147,11 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     callbacks: list[L.Callback] = [ckpt_cb, progress]
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and kind != "encoder_only":
-        callbacks.append(DecodeOnValidation(setup.task, kind, text, decoding_config(cfg.decoding),
-                                            cfg.eval.decode_samples, cfg.eval.show_examples, cfg.seed))
-    callbacks += diagnostic_callbacks(diag, setup.task, kind, text, cfg.seed, info.run_dir, compiled=cfg.compile)
+        callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
+                                            cfg.eval.show_examples, cfg.seed))
+    callbacks += diagnostic_callbacks(setup.diagnostics, setup.task, kind, text, cfg.seed, info.run_dir,
+                                      compiled=cfg.compile)
+    callbacks += make_callbacks(setup.callbacks)  # the `callbacks` group, after train.py's own
     trainer = make_trainer(cfg, loggers, callbacks, info.run_dir)
     if trainer.is_global_zero:
         OmegaConf.save(cfg, info.run_dir / "config.yaml", resolve=True)

@@ -7,25 +7,24 @@ second. Lightning, torchmetrics and wandb are imported only once the config is k
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import traceback
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from archsweep.core.model.checkpoint import resolve_ckpt_path
+from archsweep.core.data.tasks.base import Task
+from archsweep.core.model.checkpoint import read_checkpoint, resolve_ckpt_path
 from archsweep.core.model.config import DecodingConfig, ModelConfig
-from archsweep.core.train.diagnostics import check_diagnostics
+from archsweep.core.train.callback_group import check_callbacks
+from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
 from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
 from archsweep.core.train.runinfo import RunInfo, run_info
+from archsweep.core.train.setup import ConfigError, Setup, write_json
 from archsweep.core.train.sweep import append_summary, earlier_run
-from archsweep.core.data.tasks.base import Task
 
 log = logging.getLogger("train")
 
@@ -35,15 +34,12 @@ PRECISIONS = ("32-true", "32", 32, "bf16-mixed", "16-mixed", "bf16-true", "16-tr
               "transformer-engine", "transformer-engine-float16")
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot work; raised before training starts."""
+class Checked(NamedTuple):
+    """The training settings check_training turned into objects (the rest of the config is read as it is)."""
 
-
-@dataclass
-class Setup:
-    model_cfg: ModelConfig
-    task: Task
-    ckpt_path: Path | None
+    decoding: DecodingConfig
+    diagnostics: DiagnosticsConfig
+    callbacks: dict[str, dict[str, Any]]
 
 
 def build_task(cfg: DictConfig) -> Task:
@@ -96,7 +92,7 @@ def match_params(model_cfg: ModelConfig, target: Any) -> ModelConfig:
     return matched
 
 
-def check_training(cfg: DictConfig) -> None:
+def check_training(cfg: DictConfig) -> Checked:
     def fail(msg: str) -> None:
         raise ConfigError(msg)
 
@@ -127,14 +123,14 @@ def check_training(cfg: DictConfig) -> None:
         fail(f"trainer.precision={trainer.precision!r} is not a known precision; common options: 32-true, "
              f"bf16-mixed, 16-mixed")
     try:
-        DecodingConfig.from_dict(OmegaConf.to_container(cfg.decoding, resolve=True))
+        decoding = DecodingConfig.from_dict(OmegaConf.to_container(cfg.decoding, resolve=True))
     except ValueError as e:
         fail(str(e))
     if not isinstance(cfg.objective, str) or "/" not in cfg.objective:
         fail(f"objective={cfg.objective!r} must name a results.json metric as split/name, e.g. val/loss or "
              f"val/exact_match")
     try:
-        check_diagnostics(cfg)
+        diagnostics = check_diagnostics(cfg)
     except ValueError as e:
         fail(str(e))
     threads = cfg.threads
@@ -145,25 +141,41 @@ def check_training(cfg: DictConfig) -> None:
     interval = trainer.get("val_check_interval")
     if not isinstance(interval, int) or interval < 1:
         fail(f"trainer.val_check_interval={interval!r} must be a positive number of training batches")
+    try:  # last: it imports the callbacks' modules (Lightning, when an entry names a Lightning callback)
+        callbacks = check_callbacks(OmegaConf.to_container(cfg.callbacks, resolve=True)
+                                    if cfg.get("callbacks") is not None else None)
+    except ValueError as e:
+        fail(str(e))
+    return Checked(decoding, diagnostics, callbacks)
 
 
 def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
+    """The one checked Setup of this job (the resume checkpoint is read later, by check_resume)."""
     task = build_task(cfg)
     model_cfg = model_config(cfg, task)
-    check_training(cfg)
+    checked = check_training(cfg)
     ckpt = None
     if cfg.ckpt_path is not None:
         try:
             ckpt = resolve_ckpt_path(str(cfg.ckpt_path), cfg.output_root, info.overrides)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    return Setup(model_cfg, task, ckpt)
+    return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+def check_resume(setup: Setup) -> None:
+    """Read the checkpoint to resume from (torch) and check that it holds this model; sets setup.resume."""
+    if setup.ckpt_path is None:
+        return
+    meta = read_checkpoint(setup.ckpt_path).get("archsweep")
+    if meta is None:
+        raise ConfigError(f"ckpt_path={setup.ckpt_path} is not a train.py checkpoint")
+    if meta["model_config"] != setup.model_cfg.to_dict():
+        diff = {k: (v, meta["model_config"].get(k)) for k, v in setup.model_cfg.to_dict().items()
+                if meta["model_config"].get(k) != v}
+        raise ConfigError(f"ckpt_path={setup.ckpt_path} holds a different model; (now, checkpoint) differ in "
+                          f"{diff}; resume with the overrides the run was started with")
+    setup.resume = meta
 
 
 def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
@@ -238,6 +250,7 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         if threads is not None:
             torch.set_num_threads(threads)
             log.info(f"torch CPU threads: {threads}")
+        check_resume(setup)
         from archsweep.core.train.fit import train
 
         results = train(cfg, setup, info, start_time)

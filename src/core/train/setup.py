@@ -1,0 +1,38 @@
+"""What job.py hands fit.py: one checked setup of a train.py job, and the error a config that cannot work raises.
+
+job.py builds a `Setup` once, before the heavy imports; fit.py only reads it, so nothing is validated twice.
+Light (no torch, Lightning or wandb).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from archsweep.core.data.tasks.base import Task
+from archsweep.core.model.config import DecodingConfig, ModelConfig
+from archsweep.core.train.diagnostics import DiagnosticsConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; raised before training starts."""
+
+
+@dataclass
+class Setup:
+    model_cfg: ModelConfig  # task fields filled in, match_params applied
+    task: Task
+    ckpt_path: Path | None  # the checkpoint to resume from (a file)
+    decoding: DecodingConfig  # the `decoding` group: how validation decodes
+    diagnostics: DiagnosticsConfig  # the `diagnostics:` block
+    callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)  # `callbacks` group: key -> entry with a
+    # `_target_` naming a Lightning Callback, for hydra.utils.instantiate
+    resume: dict[str, Any] | None = None  # the checkpoint's `archsweep` entry, checked against model_cfg
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
