@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from archsweep.core.model.checkpoint import atomic_save, load_model
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.synthetic import ReverseTask
-from archsweep.core.model.checkpoint import atomic_save, load_model
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
