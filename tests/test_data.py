@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from archsweep.core.data import cache, tokenizer
 from archsweep.core.data.paths import data_dir
 from archsweep.core.data.tasks import IGNORE_INDEX
@@ -177,7 +176,7 @@ def test_tab_separated_corpus_separate_vocabularies_and_kinds(tmp_path):
     tsv = tmp_path / "train.tsv"
     tsv.write_text("".join(f"{e}\t{d}\n" for e, d in zip(EN, DE, strict=True)))
     task = translation_task(str(tsv), str(tsv), tmp_path / "cache", vocab="separate")
-    assert task.src_vocab_size is not None and task.kinds == ("encoder_decoder",)
+    assert task.src_vocab_size is not None and task.kinds() == ["encoder_decoder"]
     batch = next(iter(task.dataloader("val", "encoder_decoder", 0)))
     assert task.decode(batch["src"][0].tolist(), side="src") == EN[int(batch["ids"][0])]
     cfg = dict(vocab_size=task.vocab_size, d_model=32, n_heads=2, n_layers=1, d_ff=64)

@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from archsweep.core.data.tasks.synthetic import ReverseTask
+from archsweep.core.eval.trace import trace_rows
+from archsweep.core.model.build import ModelConfig, build_model, count_parameters, match_d_ff, parameter_count
+from archsweep.core.train.job import ConfigError, build_task, cpu_threads, model_config
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-
-from archsweep.core.model.build import ModelConfig, build_model, count_parameters, match_d_ff, parameter_count
-from archsweep.core.train.job import ConfigError, build_task, cpu_threads, model_config
-from archsweep.core.data.tasks.synthetic import ReverseTask
-from archsweep.core.eval.trace import trace_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -109,8 +108,8 @@ def test_match_params_errors(value, match):
 
 
 def test_match_params_refuses_a_fixed_gated_size():
-    with pytest.raises(ValueError, match="set model.gated_d_ff=null"):
-        match_d_ff(tiny(ffn="swiglu", gated_d_ff=40), 30_000)
+    with pytest.raises(ValueError, match="set those model.ffn options to null"):
+        match_d_ff(tiny(ffn={"name": "swiglu", "gated_d_ff": 40}), 30_000)
 
 
 def test_launcher_configs_compose_and_split_threads():

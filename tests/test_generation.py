@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-
-from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.model.config import POS_ENCODINGS
 from archsweep.core.eval.generation import DecodingConfig, generate
+from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.variants.pos import POS
+from torch import nn
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 20
 
@@ -39,7 +38,7 @@ def run(model, cfg: DecodingConfig, x=None, mask=None):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
-@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("pos", POS.names())
 def test_cached_and_uncached_decoding_give_the_same_tokens(kind, pos):
     model = tiny(kind, pos)
     for cfg in (DecodingConfig(max_new_tokens=12), DecodingConfig("beam", max_new_tokens=8, beam_size=3, n_best=3)):
@@ -188,9 +187,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "decoding").glob("*.yaml")))
 @pytest.mark.parametrize("entry", ["generate", "evaluate", "train"])
 def test_every_decoding_option_composes_and_decodes(option, entry):
-    from hydra import compose, initialize_config_dir
-
     from archsweep.core.eval.inference import decoding_config
+    from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(entry, overrides=[f"decoding={option}"] + (["ckpt=x"] if entry != "train" else []))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.cache import KVCache
 
@@ -18,14 +17,22 @@ def cfg(**overrides) -> ModelConfig:
     (dict(d_model=512, n_heads=6), r"n_heads=6 must divide d_model=512"),
     (dict(d_model=36, n_heads=4, pos="rotary"), r"pos=rotary needs an even head dimension.*36/4 = 9"),
     (dict(n_kv_heads=3), r"n_kv_heads=3 must divide n_heads=4"),
-    (dict(pos="rope"), r"pos='rope' is not a known option; valid options: sinusoidal, learned, relative, rotary, "
-                       r"alibi, none"),
+    (dict(pos="rope"), r"pos='rope' is not a known option; valid options: alibi, learned, none, relative, rotary, "
+                       r"sinusoidal"),
     (dict(norm="prenorm"), r"norm='prenorm' is not a known option.*did you mean 'pre'"),
-    (dict(ffn="swish"), r"ffn='swish' is not a known option; valid options: relu, gelu, swiglu, geglu"),
-    (dict(kind="gpt"), r"kind='gpt' is not a known option; valid options: encoder_decoder, decoder_only"),
+    (dict(ffn="swish"), r"ffn='swish' is not a known option; valid options: geglu, gelu, relu, swiglu"),
+    (dict(kind="gpt"), r"kind='gpt' is not a known option; valid options: decoder_only, encoder_decoder, encoder_only"),
     (dict(norm_type="batchnorm"), r"norm_type='batchnorm'.*layernorm, rmsnorm"),
     (dict(init="kaiming"), r"init='kaiming'.*xavier, gpt2"),
-    (dict(gelu_approximate="fast"), r"gelu_approximate='fast'"),
+    (dict(ffn={"name": "gelu", "approximate": "fast"}), r"approximate='fast' is not a known option; valid options: none, tanh"),
+    (dict(ffn={"name": "gelu", "aproximate": "tanh"}), r"ffn=gelu has no option 'aproximate'; did you mean 'approximate'"),
+    (dict(pos={"name": "rotary", "base": "big"}), r"pos=rotary: option base='big' must be float"),
+    (dict(pos={"name": "rotary", "base": 0.5}), r"base=0.5 must be greater than 1"),
+    (dict(pos={"name": "relative", "num_buckets": 0}), r"num_buckets=0 must be a positive integer"),
+    (dict(ffn={"name": "swiglu", "gated_d_ff": 0}), r"gated_d_ff=0 must be a positive integer"),
+    (dict(pos={"base": 2.0}), r"names no variant; give `name`"),
+    (dict(pos={"_target_": "no_such_module.XPos"}), r"cannot import _target_=no_such_module.XPos"),
+    (dict(pos={"_target_": "torch.nn.Linear"}), r"Linear is not registered"),
     (dict(dropout=1.5), r"dropout=1.5 must be in \[0, 1\)"),
     (dict(d_model=0), r"d_model=0 must be a positive integer"),
     (dict(share_src_tgt_embeddings=True), r"share_src_tgt_embeddings=True only applies to kind=encoder_decoder"),
@@ -33,7 +40,7 @@ def cfg(**overrides) -> ModelConfig:
      r"src_vocab_size=30 != vocab_size=20; use a joint vocabulary"),
     (dict(src_vocab_size=30), r"src_vocab_size=30 only applies to kind=encoder_decoder"),
     (dict(n_decoder_layers=3), r"n_decoder_layers=3 only applies to kind=encoder_decoder"),
-    (dict(pos="relative", rel_num_buckets=2), r"rel_num_buckets=2 is too small"),
+    (dict(pos={"name": "relative", "num_buckets": 2}), r"num_buckets=2 is too small"),
 ])
 def test_invalid_config_is_refused_at_build(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -46,7 +53,7 @@ def test_unknown_config_field_is_refused():
 
 
 def test_config_round_trips_through_dict():
-    original = cfg(pos="alibi", n_kv_heads=2)
+    original = cfg(pos="alibi", n_kv_heads=2).validate()  # canonical: {"name": "alibi"}
     assert ModelConfig.from_dict(original.to_dict()) == original
 
 

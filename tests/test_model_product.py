@@ -7,17 +7,19 @@ import itertools
 
 import pytest
 import torch
-
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.model.config import FFNS, KINDS, NORM_PLACEMENTS, NORM_TYPES, POS_ENCODINGS
+from archsweep.variants.ffn import FFN
+from archsweep.variants.model import KIND
+from archsweep.variants.norm import NORM
+from archsweep.variants.pos import POS
 
-PRODUCT = list(itertools.product(KINDS, NORM_PLACEMENTS, POS_ENCODINGS, FFNS))
+PRODUCT = list(itertools.product(KIND.names(), NORM.names(), POS.names(), FFN.names()))
 
 
 @pytest.mark.parametrize("kind, norm, pos, ffn", PRODUCT, ids=["-".join(c) for c in PRODUCT])
 def test_every_combination_trains(kind, norm, pos, ffn):
     torch.manual_seed(0)
-    norm_type = NORM_TYPES[1] if ffn in ("swiglu", "geglu") else NORM_TYPES[0]  # rmsnorm with gated FFNs
+    norm_type = "rmsnorm" if ffn in ("swiglu", "geglu") else "layernorm"  # rmsnorm with gated FFNs
     model = build_model(ModelConfig(kind=kind, norm=norm, pos=pos, ffn=ffn, norm_type=norm_type, vocab_size=13,
                                     d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=16, dropout=0.1,
                                     n_classes=3))

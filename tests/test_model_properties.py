@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.model.config import NORM_PLACEMENTS, POS_ENCODINGS
 from archsweep.variants.attention import capture_attention
 from archsweep.variants.cache import KVCache
-from archsweep.variants.pos import ALiBi, RelativeBias, Rotary
+from archsweep.variants.norm import NORM
+from archsweep.variants.pos import POS, ALiBi, RelativeBias, Rotary
 
 VOCAB, PAD = 23, 0
 
@@ -27,7 +26,7 @@ def tokens(b: int, t: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(1, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("pos", POS.names())
 def test_decoder_only_is_causal(pos):
     model = tiny("decoder_only", pos)
     x = tokens(2, 12)
@@ -39,7 +38,7 @@ def test_decoder_only_is_causal(pos):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("pos", POS.names())
 def test_encoder_decoder_decoder_is_causal_and_encoder_is_not(pos):
     model = tiny("encoder_decoder", pos)
     src, tgt = tokens(2, 9), tokens(2, 8, seed=2)
@@ -54,7 +53,7 @@ def test_encoder_decoder_decoder_is_causal_and_encoder_is_not(pos):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only", "encoder_only"])
-@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("pos", POS.names())
 def test_appending_padding_leaves_real_outputs_unchanged(kind, pos):
     model = tiny(kind, pos)
     x = tokens(2, 7)
@@ -96,7 +95,7 @@ def decode_with_cache(model, kind, x, chunks, src=None):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
-@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("pos", POS.names())
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_kv_cache_decoding_equals_full_forward(kind, pos, norm):
     model = tiny(kind, pos, norm=norm, n_kv_heads=2)
@@ -159,7 +158,7 @@ def test_rotary_scores_depend_only_on_relative_position(shift):
     torch.testing.assert_close(q0 @ k0.transpose(-1, -2), q1 @ k1.transpose(-1, -2), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("encoding", [ALiBi(4), RelativeBias(4, True), RelativeBias(4, False)])
+@pytest.mark.parametrize("encoding", [ALiBi(4), RelativeBias(4, causal=False), RelativeBias(4, causal=True)])
 def test_bias_encodings_depend_only_on_relative_position(encoding):
     cpu = torch.device("cpu")
     full = encoding.attn_bias(9, 9, cpu)
@@ -220,7 +219,7 @@ def test_grouped_query_attention_equals_mha_with_shared_kv_heads(n_kv_heads):
     assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
 
 
-@pytest.mark.parametrize("norm", NORM_PLACEMENTS)
+@pytest.mark.parametrize("norm", NORM.names())
 def test_activation_checkpointing_gives_same_gradients(norm):
     x = tokens(2, 8)
     grads = []
@@ -233,7 +232,7 @@ def test_activation_checkpointing_gives_same_gradients(norm):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only", "encoder_only"])
-@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("pos", POS.names())
 def test_bf16_autocast_forward_backward_with_padding(kind, pos):
     model = tiny(kind, pos).train()
     x = tokens(2, 9)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from archsweep.core.model.build import ModelConfig, build_model
+from torch import nn
 
 D, H, FF, LAYERS, VOCAB = 32, 4, 64, 2, 50
 
@@ -46,7 +45,7 @@ def copy_into_torch_transformer(model, ref: nn.Transformer) -> None:
         copy_linear(ref_layer.norm1, block.attn_res.norm)
         copy_linear(ref_layer.norm2, block.cross_res.norm)
         copy_linear(ref_layer.norm3, block.ffn_res.norm)
-    if model.config.norm == "pre":
+    if model.config.choice("norm") == "pre":
         copy_linear(ref.encoder.norm, model.encoder.final_norm)
         copy_linear(ref.decoder.norm, model.decoder.final_norm)
     else:  # nn.Transformer always adds final norms; the 2017 post-norm model has none
@@ -91,8 +90,8 @@ def gpt2_pair(n_layers: int = 2):
     torch.manual_seed(0)
     ref = transformers.GPT2LMHeadModel(config).eval()
     ours = build_model(ModelConfig(kind="decoder_only", vocab_size=VOCAB, d_model=D, n_heads=H, n_layers=n_layers,
-                                   d_ff=4 * D, max_seq_len=32, dropout=0.0, norm="pre", pos="learned", ffn="gelu",
-                                   gelu_approximate="tanh", scale_embedding=False, tie_embeddings=True,
+                                   d_ff=4 * D, max_seq_len=32, dropout=0.0, norm="pre", pos="learned", ffn={"name": "gelu", "approximate": "tanh"},
+                                   scale_embedding=False, tie_embeddings=True,
                                    init="gpt2")).eval()
     return ref, ours
 

@@ -6,16 +6,13 @@ import math
 
 import pytest
 import torch
-from torch import nn
-
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters
-from archsweep.variants.ffn import GatedFeedForward, gated_hidden_size, make_ffn
-from archsweep.variants.init import deepnorm_constants
-from archsweep.variants.norm import make_norm
+from archsweep.variants.ffn import FFN, GatedFeedForward, gated_hidden_size
+from archsweep.variants.norm import DeepNorm, PostNorm, PreNorm, SandwichNorm, deepnorm_constants, make_norm
 from archsweep.variants.pos import ALiBi, LearnedPosition, RelativeBias, Rotary, Sinusoidal
 from archsweep.variants.pos.alibi import alibi_slopes
 from archsweep.variants.pos.relative import relative_bucket
-from archsweep.variants.residual import DeepNorm, PostNorm, PreNorm, SandwichNorm
+from torch import nn
 
 
 def test_sinusoidal_table_matches_paper_formula():
@@ -90,7 +87,7 @@ def test_learned_position_is_a_table_lookup():
 
 
 def test_relative_bias_uses_one_table_per_head():
-    rel = RelativeBias(n_heads=3, bidirectional=True, num_buckets=8, max_distance=16)
+    rel = RelativeBias(n_heads=3, causal=False, num_buckets=8, max_distance=16)
     bias = rel.attn_bias(4, 4, torch.device("cpu"))
     assert bias.shape == (1, 3, 4, 4)
     buckets = relative_bucket(torch.arange(4)[None, :] - torch.arange(4)[:, None], True, 8, 16)
@@ -102,14 +99,14 @@ def test_norm_placements_follow_their_formulas():
     x = torch.randn(2, 3, 8)
     f = nn.Linear(8, 8)
     ln = lambda: nn.LayerNorm(8)  # noqa: E731
-    post, pre, sandwich, deep = PostNorm(ln, 0.0), PreNorm(ln, 0.0), SandwichNorm(ln, 0.0), DeepNorm(ln, 0.0, 2.5)
+    post, pre, sandwich, deep = PostNorm(ln, 0.0), PreNorm(ln, 0.0), SandwichNorm(ln, 0.0), DeepNorm(ln, 0.0, role="stack", n_layers=1, n_decoder_layers=1)
     for m in (post, pre, sandwich, deep):  # make the norms non-trivial
         for p in m.parameters():
             nn.init.normal_(p)
     torch.testing.assert_close(post(x, f), post.norm(x + f(x)))
     torch.testing.assert_close(pre(x, f), x + f(pre.norm(x)))
     torch.testing.assert_close(sandwich(x, f), x + sandwich.out_norm(f(sandwich.norm(x))))
-    torch.testing.assert_close(deep(x, f), deep.norm(2.5 * x + f(x)))
+    torch.testing.assert_close(deep(x, f), deep.norm(2 ** 0.25 * x + f(x)))
 
 
 def test_rmsnorm_has_no_centering():
@@ -121,24 +118,25 @@ def test_rmsnorm_has_no_centering():
 
 def test_gated_ffn_keeps_parameter_count_and_formula():
     d, d_ff = 64, 192
-    plain = make_ffn("relu", d, d_ff, 0.0, bias=False)
-    gated = make_ffn("swiglu", d, d_ff, 0.0, bias=False)
+    sizes = {"d_model": d, "d_ff": d_ff, "dropout": 0.0, "bias": False}
+    plain = FFN.build("relu", sizes)
+    gated = FFN.build("swiglu", sizes)
     assert isinstance(gated, GatedFeedForward) and gated_hidden_size(d_ff) == 128
     assert sum(p.numel() for p in gated.parameters()) == sum(p.numel() for p in plain.parameters())
     x = torch.randn(3, d)
     expected = gated.down_proj(nn.functional.silu(gated.gate_proj(x)) * gated.up_proj(x))
     torch.testing.assert_close(gated(x), expected)
-    geglu = make_ffn("geglu", d, d_ff, 0.0, bias=False, gelu_approximate="tanh")
+    geglu = FFN.build({"name": "geglu", "approximate": "tanh"}, sizes)
     expected = geglu.down_proj(nn.functional.gelu(geglu.gate_proj(x), approximate="tanh") * geglu.up_proj(x))
     torch.testing.assert_close(geglu(x), expected)
 
 
 def test_deepnorm_constants_match_deepnet_paper():
-    (alpha, beta), = deepnorm_constants("decoder_only", 6, 6).values()
+    alpha, beta = deepnorm_constants("stack", 6, 6)
     assert alpha == pytest.approx(12 ** 0.25) and beta == pytest.approx(48 ** -0.25)
-    both = deepnorm_constants("encoder_decoder", 6, 6)
-    assert both["encoder"] == pytest.approx((0.81 * (6 ** 5) ** (1 / 16), 0.87 * (6 ** 5) ** (-1 / 16)))
-    assert both["decoder"] == pytest.approx((18 ** 0.25, 72 ** -0.25))
+    encoder, decoder = deepnorm_constants("encoder", 6, 6), deepnorm_constants("decoder", 6, 6)
+    assert encoder == pytest.approx((0.81 * (6 ** 5) ** (1 / 16), 0.87 * (6 ** 5) ** (-1 / 16)))
+    assert decoder == pytest.approx((18 ** 0.25, 72 ** -0.25))
 
 
 def test_deepnorm_model_uses_alpha_and_beta_scaled_init():
@@ -146,7 +144,7 @@ def test_deepnorm_model_uses_alpha_and_beta_scaled_init():
                       dropout=0.0, norm="deepnorm", init="xavier")
     torch.manual_seed(0)
     deep = build_model(cfg)
-    alpha, beta = deepnorm_constants("decoder_only", 4, 4)["stack"]
+    alpha, beta = deepnorm_constants("stack", 4, 4)
     block = deep.decoder.blocks[0]
     assert block.attn_res.alpha == pytest.approx(alpha)
     # Xavier-uniform scaled by beta: std = beta * sqrt(2 / (fan_in + fan_out))

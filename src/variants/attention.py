@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from archsweep.variants.cache import KVCache
+from torch import Tensor, nn
 
 
 @dataclass

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
-
 from archsweep.variants.attention import AttnContext, CrossAttention, SelfAttention, self_attn_mask
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import TokenEmbedding
+from archsweep.variants.norm.base import Residual
 from archsweep.variants.pos.base import PositionalEncoding
-from archsweep.variants.residual import Residual
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 
 class Block(nn.Module):
@@ -31,6 +30,13 @@ class Block(nn.Module):
         if self.cross_attn is not None:
             x = self.cross_res(x, lambda h: self.cross_attn(h, memory, memory_mask, ctx.cache))
         return self.ffn_res(x, self.ffn)
+
+    def after_init(self) -> None:
+        """Let each residual wrapper adjust its sublayer's initialised weights (DeepNorm scales them)."""
+        self.attn_res.init_sublayer(self.self_attn)
+        if self.cross_attn is not None:
+            self.cross_res.init_sublayer(self.cross_attn)
+        self.ffn_res.init_sublayer(self.ffn)
 
 
 class Stack(nn.Module):

@@ -4,7 +4,9 @@
   Xavier-uniform for every weight matrix and embedding, zero biases.
 - `gpt2` (Radford et al. 2019): normal(0, 0.02) everywhere, residual output projections (attention out_proj,
   FFN down_proj) scaled by 1/sqrt(2 * n_layers), zero biases.
-- DeepNorm (Wang et al. 2022) additionally scales FFN, value and output projections by beta, on top of either.
+
+Every `nn.Embedding` (learned position tables, relative-bias tables) is initialised like a weight matrix. Norm
+placements may rescale their sublayers afterwards (DeepNorm, `norm/deepnorm.py`).
 """
 
 from __future__ import annotations
@@ -12,23 +14,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
-
 from archsweep.variants.attention import CrossAttention, SelfAttention
 from archsweep.variants.embedding import LMHead, TokenEmbedding
-from archsweep.variants.ffn import FeedForward, GatedFeedForward
-from archsweep.variants.pos import LearnedPosition, RelativeBias
-
-
-def deepnorm_constants(kind: str, n_layers: int, n_decoder_layers: int) -> dict[str, tuple[float, float]]:
-    """(alpha, beta) per stack, from DeepNet (Wang et al. 2022), figure 2."""
-    if kind != "encoder_decoder":
-        return {"stack": ((2 * n_layers) ** 0.25, (8 * n_layers) ** -0.25)}
-    n, m = n_layers, n_decoder_layers
-    return {
-        "encoder": (0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)),
-        "decoder": ((3 * m) ** 0.25, (12 * m) ** -0.25),
-    }
+from torch import nn
 
 
 def init_weights(model: nn.Module, scheme: str, n_layers: int) -> None:
@@ -45,10 +33,8 @@ def init_weights(model: nn.Module, scheme: str, n_layers: int) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, TokenEmbedding):
             matrix(module.weight)
-        elif isinstance(module, LearnedPosition):
-            matrix(module.table.weight)
-        elif isinstance(module, RelativeBias):
-            matrix(module.bias.weight)
+        elif isinstance(module, nn.Embedding):
+            matrix(module.weight)
         elif isinstance(module, LMHead):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -72,20 +58,3 @@ def _split_fused_xavier(model: nn.Module) -> None:
         elif isinstance(module, CrossAttention):
             for part in module.kv_proj.weight.chunk(2):
                 nn.init.xavier_uniform_(part)
-
-
-@torch.no_grad()
-def scale_for_deepnorm(stack: nn.Module, beta: float) -> None:
-    """Scale the value, output and FFN projections of one stack by beta (queries and keys keep gain 1)."""
-    for module in stack.modules():
-        if isinstance(module, SelfAttention):
-            v_start = (module.n_heads + module.n_kv_heads) * module.head_dim
-            module.qkv_proj.weight[v_start:].mul_(beta)
-            module.out_proj.weight.mul_(beta)
-        elif isinstance(module, CrossAttention):
-            module.kv_proj.weight[module.n_kv_heads * module.head_dim:].mul_(beta)
-            module.out_proj.weight.mul_(beta)
-        elif isinstance(module, (FeedForward, GatedFeedForward)):
-            for linear in module.modules():
-                if isinstance(linear, nn.Linear):
-                    linear.weight.mul_(beta)

@@ -15,17 +15,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
-
+from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.config import ModelConfig
-from archsweep.core.data.tasks.base import Task
 from archsweep.variants.attention import Attention, CrossAttention
 from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
-from archsweep.variants.ffn import gated_hidden_size
-from archsweep.variants.residual import PLACEMENTS, Residual
+from archsweep.variants.ffn import GatedFeedForward
+from archsweep.variants.norm import Residual
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 Row = tuple[int, str, tuple[int, ...], str]  # indent, stage, shape, dimension names
 
@@ -83,8 +82,8 @@ def module_is_causal(model: nn.Module, stack: str) -> bool:
 def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tuple[str, str, str]]) -> list[Any]:
     """Forward hooks that append one row per stage; returns their handles."""
     length = {"encoder": "S"}  # the encoder runs over the source; every other stack over the target
-    placement = {"post": "Add & Norm: norm(x + sublayer(x))", "pre": "x + sublayer(norm(x))",
-                 "sandwich": "x + norm(sublayer(norm(x)))", "deepnorm": "norm(alpha x + sublayer(x))"}[cfg.norm]
+    placement = cfg.variant("norm").formula
+    gated = any(isinstance(m, GatedFeedForward) for m in model.modules())
     handles = []
 
     def on(module: nn.Module, fn: Callable, pre: bool = False) -> None:
@@ -96,14 +95,13 @@ def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tu
         t = length.get(stack, "T")
         if isinstance(module, Stack):
             on(module, lambda m, a, n=name, t=t: rows.append((0, f"{n}: tokens", _shape(a[0]), f"B {t}")), pre=True)
-            last = "final norm" if PLACEMENTS[cfg.norm].final_norm else "stack output (no final norm)"
+            last = "final norm" if cfg.variant("norm").final_norm else "stack output (no final norm)"
             on(module, lambda m, a, o, t=t, last=last: rows.append((1, last, _shape(o), f"B {t} D")))
         elif isinstance(module, TokenEmbedding):
             label = f"token embedding x sqrt(D) = x {module.scale:.2f}" if module.scale != 1.0 else "token embedding"
             on(module, lambda m, a, o, label=label, t=t: rows.append((1, label, _shape(o), f"B {t} D")))
         elif isinstance(module, Block):
-            pos = {"sinusoidal": "+ sinusoidal positions", "learned": "+ learned positions"}.get(
-                cfg.pos, f"(positions act inside attention: {cfg.pos})")
+            pos = cfg.variant("pos").trace_label or f"(positions act inside attention: {cfg.choice('pos')})"
             if name.endswith(".0"):
                 on(module, lambda m, a, pos=pos, t=t: rows.append((1, f"block input: embedding {pos}", _shape(a[0]),
                                                                   f"B {t} D")), pre=True)
@@ -117,8 +115,8 @@ def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tu
         elif isinstance(module, Residual):
             on(module, lambda m, a, o, q=t: rows.append((2, placement, _shape(o), f"B {q} D")))
         elif name.endswith(("ffn.up_proj", "ffn.gate_proj")):
-            then = f", then {cfg.ffn}" if name.endswith("up_proj") else ""
-            f = "Fg" if cfg.ffn in ("swiglu", "geglu") else "F"
+            then = f", then {cfg.choice('ffn')}" if name.endswith("up_proj") else ""
+            f = "Fg" if gated else "F"
             on(module, lambda m, a, o, n=name, q=t, then=then, f=f: rows.append((2, f"FFN {n.split('.')[-1]}{then}",
                                                                                  _shape(o), f"B {q} {f}")))
         elif name.endswith("ffn.down_proj"):
@@ -130,7 +128,7 @@ def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tu
     return handles
 
 
-def _legend(cfg: ModelConfig, batch: dict[str, Any]) -> str:
+def _legend(model: nn.Module, cfg: ModelConfig, batch: dict[str, Any]) -> str:
     dims = [f"B={next(v for v in batch.values() if isinstance(v, Tensor)).shape[0]} batch"]
     if "src" in batch:
         dims.append(f"S={batch['src'].shape[1]} source length")
@@ -138,8 +136,9 @@ def _legend(cfg: ModelConfig, batch: dict[str, Any]) -> str:
     dims += [f"T={labels.shape[1] if labels.dim() > 1 else 1} target length", f"D={cfg.d_model} d_model",
              f"H={cfg.n_heads} heads", f"Dh={cfg.head_dim} head_dim", f"F={cfg.d_ff} d_ff",
              f"V={cfg.vocab_size} vocabulary"]
-    if cfg.ffn in ("swiglu", "geglu"):
-        dims.insert(-1, f"Fg={cfg.gated_d_ff or gated_hidden_size(cfg.d_ff)} gated hidden size")
+    gated = [m for m in model.modules() if isinstance(m, GatedFeedForward)]
+    if gated:
+        dims.insert(-1, f"Fg={gated[0].hidden_size} gated hidden size")
     return ", ".join(dims)
 
 
@@ -151,7 +150,7 @@ def trace_rows(model: nn.Module, batch: dict[str, Any], forward: Callable[[nn.Mo
     was_training = model.training
     try:
         model.eval()
-        with torch.no_grad(), _AttentionCalls(rows, current, model.config.pos == "rotary"):
+        with torch.no_grad(), _AttentionCalls(rows, current, model.config.variant("pos").rotates()):
             forward(model, batch)
     finally:
         model.train(was_training)
@@ -174,8 +173,8 @@ def trace_shapes(cfg: ModelConfig, task: Task, seed: int) -> str:
     model = build_model(cfg)
     batch = next(iter(task.dataloader("train", cfg.kind, seed)))
     rows = trace_rows(model, batch, task.forward_fn(cfg.kind))
-    head = (f"shape trace: {cfg.kind}, norm={cfg.norm}, pos={cfg.pos}, ffn={cfg.ffn}, "
-            f"{count_parameters(model):,} parameters, one training batch\n{_legend(cfg, batch)}\n")
+    head = (f"shape trace: {cfg.kind}, norm={cfg.choice('norm')}, pos={cfg.choice('pos')}, ffn={cfg.choice('ffn')}, "
+            f"{count_parameters(model):,} parameters, one training batch\n{_legend(model, cfg, batch)}\n")
     inputs = "\n".join(f"batch[{k!r}]".ljust(63) + str(tuple(v.shape))
                        for k, v in batch.items() if isinstance(v, Tensor))
     return head + inputs + "\n" + format_rows(rows)

@@ -1,8 +1,11 @@
 """Typed model configuration and its validation.
 
-One flat dataclass: every architecture axis is a string option named as the config group option is named
-(`norm="pre"`, `pos="rotary"`), plus each option's own hyperparameters. `validate()` refuses impossible
-combinations with a message that names the field, the value and the fix, before any weight is allocated.
+`ModelConfig` holds the structural sizes of the architecture and, per axis (`kind`, `norm`, `pos`, `ffn`), the
+chosen variant: an option name (`pos="rotary"`) or a mapping of the name and the variant's own options
+(`pos={"name": "rotary", "base": 500.0}`; from Hydra, the yaml's `_target_` and options). The axes and their
+options come from the registries in `archsweep.variants`; nothing here names a variant. `validate()` refuses
+impossible combinations with a message that names the field, the value and the fix, before any weight is
+allocated, asking each chosen variant for its own constraints.
 """
 
 from __future__ import annotations
@@ -12,33 +15,31 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
-NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
-NORM_TYPES = ("layernorm", "rmsnorm")
-POS_ENCODINGS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
-FFNS = ("relu", "gelu", "swiglu", "geglu")
+from archsweep.variants.ffn import FFN
+from archsweep.variants.model import KIND
+from archsweep.variants.norm import NORM, NORM_TYPES
+from archsweep.variants.pos import POS
+from archsweep.variants.registry import Registry, close_match
+
+AXES: dict[str, Registry] = {"norm": NORM, "pos": POS, "ffn": FFN}  # variant fields with options
 INITS = ("xavier", "gpt2")
 STRATEGIES = ("greedy", "beam", "sample")
-POOLINGS = ("cls", "mean")
 
 
-def check_choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
+def check_choice(name: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
     """Raise a ValueError listing the valid options (and the closest one) for an unknown option name."""
     if value not in valid:
-        text = str(value).lower()
-        close = [v for v in valid if text.startswith(v) or v.startswith(text)]
-        close = close or difflib.get_close_matches(text, valid, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"{name}={value!r} is not a known option; valid options: {', '.join(valid)}{hint}")
+        raise ValueError(f"{name}={value!r} is not a known option; valid options: {', '.join(valid)}"
+                         f"{close_match(str(value), list(valid))}")
 
 
 @dataclass
 class ModelConfig:
     """Everything needed to build a model. Defaults are the 2017 paper's base model choices."""
 
-    kind: str = "encoder_decoder"
-    vocab_size: int = 32000  # target vocabulary (the only one for decoder_only / encoder_only)
-    src_vocab_size: int | None = None  # encoder_decoder source vocabulary; None = same as vocab_size
+    kind: str = KIND.default
+    vocab_size: int = 32000  # target vocabulary (the only one for single-stack kinds)
+    src_vocab_size: int | None = None  # source vocabulary of a source-target kind; None = same as vocab_size
     d_model: int = 512
     n_heads: int = 8
     n_kv_heads: int | None = None  # fewer key/value heads: grouped-query (1 = multi-query); None = n_heads
@@ -50,28 +51,21 @@ class ModelConfig:
     attn_dropout: float | None = None  # attention probabilities; None = dropout
     emb_dropout: float | None = None  # after embedding + absolute position; None = dropout
 
-    norm: str = "post"  # placement: post | pre | sandwich | deepnorm
+    norm: str | dict[str, Any] = NORM.default  # placement (archsweep.variants.norm)
     norm_type: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
-
-    pos: str = "sinusoidal"  # sinusoidal | learned | relative | rotary | alibi | none
-    rel_num_buckets: int = 32  # relative (T5)
-    rel_max_distance: int = 128  # relative (T5)
-    rope_base: float = 10000.0  # rotary
-
-    ffn: str = "relu"  # relu | gelu | swiglu | geglu
-    gelu_approximate: str = "none"  # gelu: "none" (exact erf) or "tanh" (GPT-2)
-    gated_d_ff: int | None = None  # swiglu/geglu hidden size; None = round(2 * d_ff / 3), same parameters
+    pos: str | dict[str, Any] = POS.default  # positional encoding (archsweep.variants.pos)
+    ffn: str | dict[str, Any] = FFN.default  # feed-forward layer (archsweep.variants.ffn)
 
     bias: bool = True  # biases in attention and FFN projections
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
     tie_embeddings: bool = True  # output projection shares the (target) input embedding matrix
-    share_src_tgt_embeddings: bool = False  # encoder_decoder: one embedding for both sides (same vocabulary)
+    share_src_tgt_embeddings: bool = False  # source-target kinds: one embedding for both sides (same vocabulary)
     output_bias: bool = False
     init: str = "xavier"  # xavier (2017 paper) | gpt2 (normal 0.02, residual projections / sqrt(2 n_layers))
 
-    n_classes: int = 2  # encoder_only pooled sequence head
-    pooling: str = "cls"  # encoder_only: cls (first token, BERT) | mean (over real tokens)
+    n_classes: int = 2  # pooled sequence head of a bidirectional kind
+    pooling: str = "cls"  # cls (first token, BERT) | mean (over real tokens)
 
     activation_checkpointing: bool = False
 
@@ -86,6 +80,34 @@ class ModelConfig:
     @property
     def decoder_layers(self) -> int:
         return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    def choice(self, axis: str) -> str:
+        """The option name chosen on `axis` (kind, norm, pos, ffn), e.g. "rotary"."""
+        value = getattr(self, axis)
+        if axis == "kind" or isinstance(value, str):
+            return value
+        return AXES[axis].resolve(value)[0]
+
+    def variant(self, axis: str) -> type:
+        """The class chosen on `axis`."""
+        return KIND.get(self.kind) if axis == "kind" else AXES[axis].resolve(getattr(self, axis))[1]
+
+    def options(self, axis: str) -> dict[str, Any]:
+        """The chosen variant's own options on `axis`, defaults filled in."""
+        return {} if axis == "kind" else AXES[axis].resolve(getattr(self, axis))[2]
+
+    def sizes(self) -> dict[str, Any]:
+        """Every field but the variant choices, with the derived sizes resolved: what a variant may ask for."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in AXES}
+        dropout = self.dropout
+        return {**values, "head_dim": self.head_dim, "n_kv_heads": self.kv_heads,
+                "n_decoder_layers": self.decoder_layers,
+                "attn_dropout": self.attn_dropout if self.attn_dropout is not None else dropout,
+                "emb_dropout": self.emb_dropout if self.emb_dropout is not None else dropout}
+
+    def position_limit(self) -> int | None:
+        """Longest sequence the positional encoding supports (a learned table), None = unbounded."""
+        return self.variant("pos").max_positions(self.sizes())
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
@@ -104,31 +126,33 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     def validate(self) -> ModelConfig:
-        check_choice("kind", self.kind, KINDS)
-        check_choice("norm", self.norm, NORM_PLACEMENTS)
-        check_choice("norm_type", self.norm_type, NORM_TYPES)
-        check_choice("pos", self.pos, POS_ENCODINGS)
-        check_choice("ffn", self.ffn, FFNS)
+        """Check every field and put each variant choice in its canonical form ({"name", options...}).
+
+        The sizes are checked first and import nothing heavy; asking the variants for their constraints imports
+        them (and torch)."""
+        check_choice("norm_type", self.norm_type, list(NORM_TYPES))
         check_choice("init", self.init, INITS)
-        check_choice("pooling", self.pooling, POOLINGS)
-        check_choice("gelu_approximate", self.gelu_approximate, ("none", "tanh"))
         self._check_sizes()
         self._check_heads()
         self._check_dropouts()
-        self._check_embeddings()
+        KIND.get(self.kind)
+        for axis, registry in AXES.items():
+            setattr(self, axis, registry.spec(getattr(self, axis)))
+        self._check_kind_fields()
+        sizes = self.sizes()
+        self.variant("kind").check(sizes, {})
+        for axis in AXES:
+            self.variant(axis).check(sizes, self.options(axis))
         return self
 
     def _check_sizes(self) -> None:
-        positive = ["vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "n_classes",
-                    "rel_num_buckets", "rel_max_distance"]
-        for name in positive + ["src_vocab_size", "n_kv_heads", "n_decoder_layers", "gated_d_ff"]:
+        positive = ["vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "n_classes"]
+        for name in positive + ["src_vocab_size", "n_kv_heads", "n_decoder_layers"]:
             value = getattr(self, name)
             if value is None and name not in positive:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        if self.rope_base <= 1:
-            raise ValueError(f"rope_base={self.rope_base} must be greater than 1 (10000 is the usual value)")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be positive (1e-5 is the usual value)")
 
@@ -139,11 +163,6 @@ class ModelConfig:
         if self.n_heads % self.kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                              f"(grouped-query attention shares each key/value head among n_heads/n_kv_heads heads)")
-        if self.pos == "rotary" and self.head_dim % 2:
-            raise ValueError(f"pos=rotary needs an even head dimension, but d_model/n_heads = "
-                             f"{self.d_model}/{self.n_heads} = {self.head_dim}; change d_model or n_heads")
-        if self.pos == "relative" and self.rel_num_buckets < 4:
-            raise ValueError(f"rel_num_buckets={self.rel_num_buckets} is too small; use at least 4 (T5 uses 32)")
 
     def _check_dropouts(self) -> None:
         for name in ("dropout", "attn_dropout", "emb_dropout"):
@@ -151,22 +170,19 @@ class ModelConfig:
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"{name}={value} must be in [0, 1)")
 
-    def _check_embeddings(self) -> None:
-        if self.share_src_tgt_embeddings:
-            if self.kind != "encoder_decoder":
-                raise ValueError(f"share_src_tgt_embeddings=True only applies to kind=encoder_decoder, not "
-                                 f"kind={self.kind}; set it to false")
-            if self.src_vocab_size not in (None, self.vocab_size):
-                raise ValueError(f"share_src_tgt_embeddings=True needs one vocabulary, but src_vocab_size="
-                                 f"{self.src_vocab_size} != vocab_size={self.vocab_size}; use a joint vocabulary "
-                                 f"or set share_src_tgt_embeddings=false")
-        if self.src_vocab_size is not None and self.kind != "encoder_decoder":
-            raise ValueError(f"src_vocab_size={self.src_vocab_size} only applies to kind=encoder_decoder; "
-                             f"leave it unset for kind={self.kind}")
-        if self.n_decoder_layers is not None and self.kind != "encoder_decoder":
-            raise ValueError(f"n_decoder_layers={self.n_decoder_layers} only applies to kind=encoder_decoder; "
-                             f"use n_layers for kind={self.kind}")
-
+    def _check_kind_fields(self) -> None:
+        """A field only some kinds read, set for another kind, is refused rather than silently ignored."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        own = set(KIND.get(self.kind).own_fields)
+        users: dict[str, list[str]] = {}
+        for name in KIND.names():
+            for field in KIND.get(name).own_fields:
+                users.setdefault(field, []).append(name)
+        for field, kinds in users.items():
+            value = getattr(self, field)
+            if field not in own and value != defaults[field]:
+                raise ValueError(f"{field}={value!r} only applies to kind={' or '.join(kinds)}; leave it unset "
+                                 f"({defaults[field]!r}) for kind={self.kind}")
 
 @dataclass
 class DecodingConfig:

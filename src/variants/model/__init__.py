@@ -1,7 +1,30 @@
-"""The three model kinds, each assembled from the same parts."""
+"""The model kinds, one file per option, each assembled from the same parts (`base.py`: the base class and
+the data forms).
 
-from archsweep.variants.model.decoder_only import DecoderOnly, pack_prefix_lm
-from archsweep.variants.model.encoder_decoder import EncoderDecoder
-from archsweep.variants.model.encoder_only import EncoderOnly
+A new kind is one file here with `@KIND.register("<name>")` on its class, and `conf/model/<name>.yaml`."""
 
-__all__ = ["DecoderOnly", "EncoderDecoder", "EncoderOnly", "pack_prefix_lm"]
+from typing import Any
+
+from archsweep.variants.registry import Registry, family_attribute
+
+KIND: Registry = Registry("kind", __name__, default="encoder_decoder")
+
+# how a kind reads data (its class's `form`; see base.py)
+SOURCE_TARGET = "source_target"  # an encoder reads the source, a decoder predicts the target
+CAUSAL = "causal"  # one causal stack over one sequence (a pair packed as a prefix LM)
+BIDIRECTIONAL = "bidirectional"  # one bidirectional stack over one sequence (tagging, masked tokens, classes)
+FORMS = (SOURCE_TARGET, CAUSAL, BIDIRECTIONAL)
+
+
+def form_of(kind: str) -> str:
+    """How the model kind named `kind` reads data: SOURCE_TARGET, CAUSAL or BIDIRECTIONAL."""
+    return KIND.get(kind).form
+
+
+def kinds_of(forms: tuple[str, ...]) -> list[str]:
+    """The kinds that read data in one of `forms`."""
+    return [k for k in KIND.names() if form_of(k) in forms]
+
+
+def __getattr__(name: str) -> Any:
+    return family_attribute(__name__, name)

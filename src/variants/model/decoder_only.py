@@ -4,17 +4,27 @@ prefix LM: source, separator, target in one sequence, with the loss on target to
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
-
 from archsweep.variants.blocks import Stack
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import LMHead
+from archsweep.variants.model import CAUSAL, KIND
+from archsweep.variants.model.base import ModelKind, Parts
+from torch import Tensor
 
 
-class DecoderOnly(nn.Module):
+@KIND.register("decoder_only")
+class DecoderOnly(ModelKind):
+    form = CAUSAL
+
     def __init__(self, decoder: Stack, head: LMHead) -> None:
         super().__init__()
         self.decoder, self.head = decoder, head
+
+    @classmethod
+    def assemble(cls, parts: Parts) -> DecoderOnly:
+        embed = parts.embedding(parts.sizes["vocab_size"])
+        head = parts.head(embed)
+        return cls(parts.stack("stack", embed, parts.sizes["n_layers"], causal=True, cross=False), head)
 
     def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, positions: Tensor | None = None,
                 cache: KVCache | None = None) -> Tensor:

@@ -5,13 +5,32 @@ or the mean over real tokens."""
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
-
 from archsweep.variants.blocks import Stack
 from archsweep.variants.embedding import LMHead
+from archsweep.variants.model import BIDIRECTIONAL, KIND
+from archsweep.variants.model.base import ModelKind, Parts
+from torch import Tensor, nn
+
+POOLINGS = ("cls", "mean")  # first token through dense + tanh (BERT), or the mean over real tokens
 
 
-class EncoderOnly(nn.Module):
+@KIND.register("encoder_only")
+class EncoderOnly(ModelKind):
+    form = BIDIRECTIONAL
+
+    @classmethod
+    def assemble(cls, parts: Parts) -> EncoderOnly:
+        s = parts.sizes
+        embed = parts.embedding(s["vocab_size"])
+        head = parts.head(embed)
+        stack = parts.stack("stack", embed, s["n_layers"], causal=False, cross=False)
+        return cls(stack, head, s["d_model"], s["n_classes"], s["pooling"])
+
+    @classmethod
+    def check(cls, sizes, options) -> None:
+        if sizes["pooling"] not in POOLINGS:
+            raise ValueError(f"pooling={sizes['pooling']!r} is not a known option; valid options: {', '.join(POOLINGS)}")
+
     def __init__(self, encoder: Stack, head: LMHead, d_model: int, n_classes: int, pooling: str) -> None:
         super().__init__()
         self.encoder, self.head = encoder, head

@@ -1,10 +1,13 @@
-"""Positional encodings, one file per option; see `base.py` for the three hooks they share."""
+"""Positional encodings, one file per option; see `base.py` for the three hooks they share.
 
-from archsweep.variants.pos.alibi import ALiBi
-from archsweep.variants.pos.base import NoPosition, PositionalEncoding
-from archsweep.variants.pos.learned import LearnedPosition
-from archsweep.variants.pos.relative import RelativeBias
-from archsweep.variants.pos.rotary import Rotary
-from archsweep.variants.pos.sinusoidal import Sinusoidal
+A new encoding is one file here with `@POS.register("<name>")` on its class, and `conf/pos/<name>.yaml`."""
 
-__all__ = ["ALiBi", "LearnedPosition", "NoPosition", "PositionalEncoding", "RelativeBias", "Rotary", "Sinusoidal"]
+from typing import Any
+
+from archsweep.variants.registry import Registry, family_attribute
+
+POS: Registry = Registry("pos", __name__, default="sinusoidal")
+
+
+def __getattr__(name: str) -> Any:
+    return family_attribute(__name__, name)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
-
+from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding, query_key_distance
+from torch import Tensor
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -26,6 +26,7 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return power_of_two(lower) + alibi_slopes(2 * lower)[0::2][: n_heads - lower]
 
 
+@POS.register("alibi")
 class ALiBi(PositionalEncoding):
     def __init__(self, n_heads: int) -> None:
         super().__init__()

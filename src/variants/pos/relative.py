@@ -8,11 +8,13 @@ only past distances. One table per stack, shared by all its layers, as in T5.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
-from torch import Tensor, nn
-
+from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding, query_key_distance
+from torch import Tensor, nn
 
 
 def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -31,13 +33,23 @@ def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max
     return buckets + torch.where(distance < exact, distance, far)
 
 
+@POS.register("relative")
 class RelativeBias(PositionalEncoding):
-    def __init__(self, n_heads: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
+    def __init__(self, n_heads: int, causal: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()
-        self.bidirectional = bidirectional
+        self.bidirectional = not causal
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bias = nn.Embedding(num_buckets, n_heads)
+
+    @classmethod
+    def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        for key in ("num_buckets", "max_distance"):
+            if options[key] < 1:
+                raise ValueError(f"pos=relative: {key}={options[key]!r} must be a positive integer")
+        if options["num_buckets"] < 4:
+            raise ValueError(f"pos=relative: num_buckets={options['num_buckets']} is too small; use at least 4 "
+                             f"(T5 uses 32)")
 
     def attn_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor:
         relative = query_key_distance(q_len, k_len, device)  # (Tq, Tk)

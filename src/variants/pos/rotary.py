@@ -6,10 +6,13 @@ frequency theta_i = base^(-2i/head_dim). Scores then depend on positions only th
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from collections.abc import Mapping
+from typing import Any
 
+import torch
+from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
+from torch import Tensor
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -17,11 +20,20 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
+@POS.register("rotary")
 class Rotary(PositionalEncoding):
     def __init__(self, head_dim: int, base: float = 10000.0) -> None:
         super().__init__()
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @classmethod
+    def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        if sizes["head_dim"] % 2:
+            raise ValueError(f"pos=rotary needs an even head dimension, but d_model/n_heads = "
+                             f"{sizes['d_model']}/{sizes['n_heads']} = {sizes['head_dim']}; change d_model or n_heads")
+        if options["base"] <= 1:
+            raise ValueError(f"pos=rotary: base={options['base']} must be greater than 1 (10000 is the usual value)")
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         angles = positions.float().unsqueeze(-1) * self.inv_freq  # (B, T, Dh/2)

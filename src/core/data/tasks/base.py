@@ -1,6 +1,7 @@
 """What training needs from a data source, independent of the model architecture.
 
-A `Task` says how large its vocabulary is, which token ids are special, which model kinds it can feed, and how
+A `Task` says how large its vocabulary is, which token ids are special, which data forms it can feed (a model
+kind reads one form: `SOURCE_TARGET`, `CAUSAL` or `BIDIRECTIONAL`, see `archsweep.variants.model`), and how
 long their inputs get; it checks a `ModelConfig` against that before anything heavy is imported. It then hands
 out dataloaders whose batches are already in the form one model kind takes (decided on the CPU, so the training
 step never inspects device tensors), plus the function that runs a model on such a batch.
@@ -14,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from archsweep.core.model.config import KINDS, ModelConfig
+from archsweep.core.model.config import ModelConfig
+from archsweep.variants.model import FORMS, form_of, kinds_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,7 +31,7 @@ class Task:
     """Base class. Subclasses set the attributes below and implement `max_input_len` and `dataloader`."""
 
     name: str = "task"
-    kinds: tuple[str, ...] = KINDS  # model kinds this task can feed
+    forms: tuple[str, ...] = FORMS  # data forms (of model kinds) this task can feed
     vocab_size: int
     src_vocab_size: int | None = None  # source vocabulary if different (encoder_decoder only)
     pad_id: int = 0
@@ -49,20 +51,25 @@ class Task:
 
     def check_model(self, cfg: ModelConfig) -> None:
         """Raise ValueError if a model built from `cfg` cannot be trained on this task."""
-        if cfg.kind not in self.kinds:
+        if form_of(cfg.kind) not in self.forms:
             raise ValueError(f"task={self.name} cannot feed model kind={cfg.kind}: {self.why_not(cfg.kind)}; "
-                             f"choose model= one of {', '.join(self.kinds)}")
+                             f"choose model= one of {', '.join(self.kinds())}")
         if cfg.vocab_size < self.vocab_size:
             raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than task={self.name}'s vocabulary "
                              f"({self.vocab_size}); leave model.vocab_size=null to take it from the task")
         longest = self.max_input_len(cfg.kind)
-        if cfg.pos == "learned" and longest > cfg.max_seq_len:
+        limit = cfg.position_limit()
+        if limit is not None and longest > limit:
             raise ValueError(f"model.max_seq_len={cfg.max_seq_len} is shorter than the longest input of "
-                             f"task={self.name} for kind={cfg.kind} ({longest} tokens) and pos=learned has a "
-                             f"table of max_seq_len positions; set model.max_seq_len>={longest}")
+                             f"task={self.name} for kind={cfg.kind} ({longest} tokens) and pos={cfg.choice('pos')} has "
+                             f"a table of max_seq_len positions; set model.max_seq_len>={longest}")
+
+    def kinds(self) -> list[str]:
+        """The model kinds this task can feed."""
+        return kinds_of(self.forms)
 
     def why_not(self, kind: str) -> str:
-        return f"it serves only {', '.join(self.kinds)}"
+        return f"it serves only {', '.join(self.kinds())}"
 
     def dataloader(self, split: str, kind: str, seed: int, start: int = 0, rank: int = 0,
                    world_size: int = 1) -> Iterable[dict[str, Any]]:
@@ -78,4 +85,4 @@ class Task:
         aligned with batch["labels"] (B, T)."""
         from archsweep.core.data.tasks.batches import FORWARD
 
-        return FORWARD[kind]
+        return FORWARD[form_of(kind)]

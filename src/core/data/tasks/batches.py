@@ -13,11 +13,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from archsweep.core.data.tasks.base import IGNORE_INDEX
+from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, pack_prefix_lm
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset
-
-from archsweep.core.data.tasks.base import IGNORE_INDEX
-from archsweep.variants.model import pack_prefix_lm
 
 Batch = dict[str, Any]
 
@@ -66,10 +65,10 @@ def forward_tokens(model: nn.Module, batch: Batch) -> Tensor:
     return model(batch["tokens"], batch["pad_mask"])  # (B, T, V)
 
 
-FORWARD: dict[str, Callable[[nn.Module, Batch], Tensor]] = {
-    "encoder_decoder": forward_encoder_decoder,
-    "decoder_only": forward_tokens,
-    "encoder_only": forward_tokens,
+FORWARD: dict[str, Callable[[nn.Module, Batch], Tensor]] = {  # by data form
+    SOURCE_TARGET: forward_encoder_decoder,
+    CAUSAL: forward_tokens,
+    BIDIRECTIONAL: forward_tokens,
 }
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from archsweep.core.model.config import KINDS, ModelConfig
 from archsweep.core.data.tasks.synthetic import SyntheticTask
+from archsweep.core.model.config import ModelConfig
+from archsweep.variants.model import BIDIRECTIONAL, FORMS, form_of
 
 if TYPE_CHECKING:
     from torch import Generator, Tensor, nn
@@ -23,7 +24,7 @@ def forward_classify(model: nn.Module, batch: dict[str, Any]) -> Tensor:
 
 class IsSortedTask(SyntheticTask):
     name = "is_sorted"
-    kinds = KINDS
+    forms = FORMS
     aligned = True  # served by encoder_only, as a classifier
     n_classes = 2
 
@@ -43,7 +44,7 @@ class IsSortedTask(SyntheticTask):
 
     def check_model(self, cfg: ModelConfig) -> None:
         super().check_model(cfg)
-        if cfg.kind == "encoder_only" and cfg.n_classes != self.n_classes:
+        if form_of(cfg.kind) == BIDIRECTIONAL and cfg.n_classes != self.n_classes:
             raise ValueError(f"model.n_classes={cfg.n_classes} does not match task={self.name}, which has "
                              f"{self.n_classes} classes (sorted or not); set model.n_classes={self.n_classes}")
 
@@ -54,7 +55,7 @@ class IsSortedTask(SyntheticTask):
         return {self.no_id: "no", self.yes_id: "yes"}.get(token, str(token - self.first_symbol))
 
     def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
-        return forward_classify if kind == "encoder_only" else super().forward_fn(kind)
+        return forward_classify if form_of(kind) == BIDIRECTIONAL else super().forward_fn(kind)
 
     def examples(self, gen: Generator, lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         import torch
@@ -78,10 +79,9 @@ class IsSortedTask(SyntheticTask):
         return src, src_len, tgt, torch.ones(b, dtype=torch.long)
 
     def make_batch(self, seed: int, kind: str, split: str = "train") -> dict[str, Any]:
-        if kind != "encoder_only":
+        if form_of(kind) != BIDIRECTIONAL:
             return super().make_batch(seed, kind, split)
         import torch
-
         from archsweep.core.data.tasks import batches
 
         gen = torch.Generator().manual_seed(seed)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from archsweep.core.data.tasks.base import Task
+from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, form_of
 
 if TYPE_CHECKING:
     from torch import Generator, Tensor
@@ -49,7 +50,7 @@ class SyntheticTask(Task):
         self.n_batches = {"train": None, "val": val_batches, "test": test_batches, "test_long": test_batches}
         self.vocab_size = self.first_symbol + n_symbols
         if not self.aligned:
-            self.kinds = ("encoder_decoder", "decoder_only")
+            self.forms = (SOURCE_TARGET, CAUSAL)
 
     def why_not(self, kind: str) -> str:
         return ("its output is not aligned position by position with its input, so an encoder-only tagger cannot "
@@ -64,7 +65,7 @@ class SyntheticTask(Task):
 
     def max_input_len(self, kind: str) -> int:
         src, tgt = self.longest()
-        return {"encoder_decoder": max(src, tgt + 1), "decoder_only": src + tgt + 2, "encoder_only": src}[kind]
+        return {SOURCE_TARGET: max(src, tgt + 1), CAUSAL: src + tgt + 2, BIDIRECTIONAL: src}[form_of(kind)]
 
     def symbol(self, token: int) -> str:
         return str(token - self.first_symbol)
@@ -95,7 +96,6 @@ class SyntheticTask(Task):
 
     def make_batch(self, seed: int, kind: str, split: str = "train") -> dict[str, Any]:
         import torch
-
         from archsweep.core.data.tasks import batches
 
         gen = torch.Generator().manual_seed(seed)
@@ -103,9 +103,10 @@ class SyntheticTask(Task):
         tgt = torch.cat([tgt, torch.full_like(tgt[:, :1], self.pad_id)], dim=1)  # (B, T + 1): room for EOS
         tgt[torch.arange(len(tgt)), tgt_len] = self.eos_id
         tgt_len = tgt_len + 1
-        if kind == "encoder_decoder":
+        form = form_of(kind)
+        if form == SOURCE_TARGET:
             return batches.encoder_decoder_batch(src, src_len, tgt, tgt_len, self.pad_id, self.bos_id)
-        if kind == "decoder_only":
+        if form == CAUSAL:
             return batches.decoder_only_batch(src, src_len, tgt, tgt_len, self.pad_id, self.sep_id)
         return batches.encoder_only_batch(src, src_len, tgt, self.pad_id)
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from archsweep.core.data import cache, paths, read
-from archsweep.core.data.tokenizer import MASK, SPECIALS, check_kind, chunks, load_tokenizer, train_tokenizer
 from archsweep.core.data.tasks.base import Task
+from archsweep.core.data.tokenizer import MASK, SPECIALS, check_kind, chunks, load_tokenizer, train_tokenizer
+from archsweep.variants.model import CAUSAL, SOURCE_TARGET, form_of
 
 GET_DATA = ("Set task.path to a UTF-8 text file or a folder of them (relative paths: the current directory, then "
             "task.data_dir, $ARCHSWEEP_DATA_DIR or ../shared/data next to the repository). Tiny Shakespeare is "
@@ -108,7 +109,7 @@ class TextTask(Task):
         return self._arrays[name]
 
     def max_input_len(self, kind: str) -> int:
-        return self.block_size - self.block_size // 2 if kind == "encoder_decoder" else self.block_size
+        return self.block_size - self.block_size // 2 if form_of(kind) == SOURCE_TARGET else self.block_size
 
     def dataloader(self, split: str, kind: str, seed: int, start: int = 0, rank: int = 0,
                    world_size: int = 1) -> Iterable[dict[str, Any]]:
@@ -132,9 +133,10 @@ class TextTask(Task):
         offsets = rng.integers(0, len(data) - self.block_size, self.batch_size)
         window = torch.from_numpy(np.stack([data[o:o + self.block_size + 1] for o in offsets]).astype(np.int64))
         b, t = self.batch_size, self.block_size  # window: (B, T + 1)
-        if kind == "decoder_only":
+        form = form_of(kind)
+        if form == CAUSAL:
             return {"tokens": window[:, :-1], "pad_mask": None, "labels": window[:, 1:], "n_tokens": b * t}
-        if kind == "encoder_decoder":
+        if form == SOURCE_TARGET:
             half = t // 2
             return {"src": window[:, :half], "src_mask": None, "tgt_in": window[:, half:t], "tgt_mask": None,
                     "labels": window[:, half + 1:], "n_tokens": b * t}
@@ -144,7 +146,6 @@ class TextTask(Task):
         """BERT's masking of (B, T) tokens; at least one labelled position per row."""
         import numpy as np
         import torch
-
         from archsweep.core.data.tasks.base import IGNORE_INDEX
 
         b, t = tokens.shape

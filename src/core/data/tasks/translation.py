@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from archsweep.core.data import cache, paths, read
-from archsweep.core.data.tokenizer import check_kind, load_tokenizer, train_tokenizer
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.data.tasks.synthetic import check_positive, pad
+from archsweep.core.data.tokenizer import check_kind, load_tokenizer, train_tokenizer
+from archsweep.variants.model import CAUSAL, SOURCE_TARGET, form_of
 
 HOW = ("Each split is two line-aligned files [source, target] or one source<TAB>target file (relative paths: the "
        "current directory, then task.data_dir, $ARCHSWEEP_DATA_DIR or ../shared/data next to the repository). "
@@ -36,7 +37,7 @@ def as_files(value: Any, split: str, data_dir: str | None) -> list[Path]:
 
 class TranslationTask(Task):
     name = "translation"
-    kinds = ("encoder_decoder", "decoder_only")
+    forms = (SOURCE_TARGET, CAUSAL)
 
     def __init__(self, train: Any, val: Any, test: Any, data_dir: str | None, vocab: str, bpe_vocab_size: int,
                  max_len: int, batch_size: int, bucket_pool: int = 50, cache_dir: str | None = None,
@@ -50,7 +51,7 @@ class TranslationTask(Task):
             raise ValueError(f"task.max_len={max_len} must be at least 2 (a token and the end token)")
         self.name, self.vocab, self.max_len, self.batch_size, self.pool = name, vocab, max_len, batch_size, bucket_pool
         if vocab == "separate":
-            self.kinds = ("encoder_decoder",)
+            self.forms = (SOURCE_TARGET,)
         given = {"train": train, "val": val, "test": test if test is not None else val}
         if train is None or val is None:
             raise ValueError(f"task.train and task.val must name files; got train={train!r}, val={val!r}. {HOW}")
@@ -70,7 +71,7 @@ class TranslationTask(Task):
         self._tokenizers: dict[str, Any] = {}
 
     def why_not(self, kind: str) -> str:
-        if kind == "decoder_only":
+        if form_of(kind) == CAUSAL:
             return "task.vocab=separate gives each language its own ids; set task.vocab=joint for decoder_only"
         return "a translation is not aligned position by position with its source"
 
@@ -133,7 +134,7 @@ class TranslationTask(Task):
             (Path(run_dir) / f.name).write_bytes(f.read_bytes())
 
     def max_input_len(self, kind: str) -> int:
-        return 2 * self.max_len + 1 if kind == "decoder_only" else self.max_len
+        return 2 * self.max_len + 1 if form_of(kind) == CAUSAL else self.max_len
 
     def load(self, split: str) -> dict[str, Any]:
         """Token arrays (memory-mapped) and lengths, source capped at max_len, target at max_len - 1 + EOS."""
@@ -169,7 +170,6 @@ class TranslationTask(Task):
 
     def make_batch(self, data: dict[str, Any], rows, kind: str) -> dict[str, Any]:
         import torch
-
         from archsweep.core.data.tasks import batches
 
         src_rows, tgt_rows = [], []
@@ -180,7 +180,7 @@ class TranslationTask(Task):
                             + [self.eos_id])
         src, src_len = pad(src_rows, self.pad_id)
         tgt, tgt_len = pad(tgt_rows, self.pad_id)
-        if kind == "encoder_decoder":
+        if form_of(kind) == SOURCE_TARGET:
             out = batches.encoder_decoder_batch(src, src_len, tgt, tgt_len, self.pad_id, self.bos_id)
         else:
             out = batches.decoder_only_batch(src, src_len, tgt, tgt_len, self.pad_id, self.sep_id)
@@ -209,7 +209,6 @@ class TrainOrder:
 
     def batch(self, index: int):
         import numpy as np
-
         from archsweep.core.data.tasks.batches import batch_seed
 
         epoch, j = divmod(index, self.per_epoch)

@@ -1,0 +1,81 @@
+"""Reading runs written before the package was renamed (import name `src`, flat model fields).
+
+Checkpoints and configs of that time name classes as `src.core.tasks.synthetic.ReverseTask` and keep each
+variant's options as flat model fields (`rope_base`, `rel_num_buckets`, `gated_d_ff`, ...). `upgrade` turns
+such a checkpoint's `archsweep` entry into today's form, so old runs load, evaluate and resume; a current
+checkpoint passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+MODULES = {  # old module prefix -> new, most specific first
+    "src.core.config": "archsweep.core.model.config",
+    "src.core.build": "archsweep.core.model.build",
+    "src.core.checkpoint": "archsweep.core.model.checkpoint",
+    "src.core.tasks": "archsweep.core.data.tasks",
+    "src.core.codec": "archsweep.core.data.codec",
+    "src.core.data": "archsweep.core.data",
+    "src.core.compare": "archsweep.core.report",
+    **{f"src.core.{m}": f"archsweep.core.eval.{m}"
+       for m in ("generation", "evaluation", "inference", "attention_maps", "trace")},
+    **{f"src.core.{m}": f"archsweep.core.train.{m}"
+       for m in ("lit", "fit", "job", "callbacks", "decode_callback", "diagnostic_callbacks", "diagnostics",
+                 "loggers", "optim", "runinfo", "sweep")},
+    "src.variants": "archsweep.variants",
+}
+
+# flat fields of the old ModelConfig -> (axis, option name, the options that take it)
+FLAT_OPTIONS = {
+    "rel_num_buckets": ("pos", "num_buckets", ("relative",)),
+    "rel_max_distance": ("pos", "max_distance", ("relative",)),
+    "rope_base": ("pos", "base", ("rotary",)),
+    "gelu_approximate": ("ffn", "approximate", ("gelu", "geglu")),
+    "gated_d_ff": ("ffn", "gated_d_ff", ("swiglu", "geglu")),
+}
+AXES = ("norm", "pos", "ffn")
+
+
+def module_path(name: str) -> str:
+    for old, new in MODULES.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old):]
+    return name
+
+
+def _rename_targets(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: module_path(v) if k == "_target_" and isinstance(v, str) else _rename_targets(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_rename_targets(v) for v in node]
+    return node
+
+
+def upgrade_model_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Old flat model fields -> today's: each variant as {"name", its options}; other keys unchanged."""
+    if not any(key in fields for key in FLAT_OPTIONS) and all(not isinstance(fields.get(a), str) for a in AXES):
+        return fields
+    fields = dict(fields)
+    specs = {axis: {"name": fields[axis]} if isinstance(fields.get(axis), str) else fields.get(axis)
+             for axis in AXES if axis in fields}
+    for key, (axis, option, takers) in FLAT_OPTIONS.items():
+        value = fields.pop(key, None)
+        spec = specs.get(axis)
+        if spec is not None and spec.get("name") in takers:
+            spec[option] = value
+    fields.update(specs)
+    return fields
+
+
+def upgrade(meta: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's `archsweep` entry in today's form."""
+    meta = _rename_targets(copy.deepcopy(meta))
+    if "model_config" in meta:
+        meta["model_config"] = upgrade_model_fields(meta["model_config"])
+    config = meta.get("config")
+    if isinstance(config, dict) and isinstance(config.get("model"), dict):
+        config["model"] = upgrade_model_fields(config["model"])
+    return meta

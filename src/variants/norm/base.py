@@ -1,0 +1,62 @@
+"""Norm placement: how a sublayer is wrapped with its residual connection ("Add & Norm"), and its registry.
+
+Every wrapper applies dropout to the sublayer output before the residual add, as the 2017 paper does. The norm
+type (LayerNorm, Ba et al. 2016; RMSNorm, Zhang & Sennrich 2019: no mean-centering, no bias) is a separate
+choice (`norm_type`), handed to the placement as a factory.
+
+A new placement is one file in this folder, `@NORM.register("<name>")` on its class, and `conf/norm/<name>.yaml`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch.nn.functional as F
+from archsweep.variants.norm import NORM_TYPES
+from torch import Tensor, nn
+
+NormFactory = Callable[[], nn.Module]
+Sublayer = Callable[[Tensor], Tensor]
+
+NORM_MODULES: dict[str, Callable[[int, float], nn.Module]] = {
+    "layernorm": lambda d, eps: nn.LayerNorm(d, eps=eps),
+    "rmsnorm": lambda d, eps: nn.RMSNorm(d, eps=eps),
+}
+
+
+def make_norm(norm_type: str, d_model: int, eps: float) -> nn.Module:
+    if norm_type not in NORM_TYPES:
+        raise ValueError(f"norm_type={norm_type!r} is not a known option; valid options: {', '.join(NORM_TYPES)}")
+    return NORM_MODULES[norm_type](d_model, eps)
+
+
+class Residual(nn.Module):
+    """Base of the placements. `final_norm` says whether the stack ends with a norm; `formula` is what the shape
+    trace prints."""
+
+    final_norm: ClassVar[bool] = False
+    formula: ClassVar[str] = "x + sublayer(x)"
+
+    def __init__(self, make_norm: NormFactory, dropout: float) -> None:
+        super().__init__()
+        self.norm = make_norm()
+        self.p = dropout
+
+    @classmethod
+    def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        """Raise ValueError if the placement cannot work with these sizes."""
+
+    def dropout(self, x: Tensor) -> Tensor:
+        # functional, and skipped at p = 0: a module call per sublayer is measurable overhead when decoding
+        return F.dropout(x, self.p, self.training) if self.p > 0 else x
+
+    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
+        raise NotImplementedError
+
+    def init_sublayer(self, sublayer: nn.Module) -> None:
+        """Called once the model is initialised, with the sublayer this wraps (DeepNorm rescales it)."""
+
+    def extra_repr(self) -> str:
+        return f"dropout={self.p}"
+

@@ -1,0 +1,16 @@
+"""`pre` (Wang et al. 2019; GPT-2; Xiong et al. 2020): x = x + sublayer(norm(x)); one final norm after the stack."""
+
+from __future__ import annotations
+
+from archsweep.variants.norm import NORM
+from archsweep.variants.norm.base import Residual, Sublayer
+from torch import Tensor
+
+
+@NORM.register("pre")
+class PreNorm(Residual):
+    final_norm = True
+    formula = "x + sublayer(norm(x))"
+
+    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
+        return x + self.dropout(sublayer(self.norm(x)))
