@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+
 from archsweep.core.train.callback_group import check_callbacks, make_callbacks
 from archsweep.core.train.job import ConfigError, check_training
-from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

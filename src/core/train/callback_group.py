@@ -88,8 +88,9 @@ def check_callbacks(block: Any) -> dict[str, dict[str, Any]]:
 def make_callbacks(entries: dict[str, dict[str, Any]]) -> list[Any]:
     """The checked entries, instantiated in order; a constructor's own refusal becomes a ConfigError naming the
     key."""
-    from archsweep.core.train.setup import ConfigError
     from hydra.utils import instantiate
+
+    from archsweep.core.train.setup import ConfigError
 
     made = []
     for key, entry in entries.items():
