@@ -8,17 +8,41 @@ Only Hydra and OmegaConf are imported up front: `--help` and a refused config an
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 START = time.time()
 
 import hydra  # noqa: E402
+from archsweep import conf_dir  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from archsweep import conf_dir  # noqa: E402
-
 CONF = str(conf_dir())
+EXTRA_CONF_ENV = "ARCHSWEEP_CONFIG_PATH"  # more config folders (os.pathsep-separated), e.g. your own variants
+
+
+def _extra_config_folders() -> None:
+    """Put the folders named by $ARCHSWEEP_CONFIG_PATH on Hydra's search path, after the package's conf/, so
+    their group options (conf/pos/my_encoding.yaml, ...) are options like the built-in ones, in --help too
+    (a `hydra.searchpath=[...]` override composes them as well, but Hydra's --help does not list them)."""
+    folders = [f for f in os.environ.get(EXTRA_CONF_ENV, "").split(os.pathsep) if f]
+    if not folders:
+        return
+    from hydra.core.config_search_path import ConfigSearchPath
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
+
+    class ExtraConfigFolders(SearchPathPlugin):
+        def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+            for folder in folders:
+                search_path.append(provider="archsweep-extra", path=f"file://{Path(folder).resolve()}")
+
+    Plugins.instance().register(ExtraConfigFolders)
+
+
+_extra_config_folders()
 
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")

@@ -16,6 +16,7 @@ from archsweep.core.train.job import ConfigError, build_task, cpu_threads, model
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -27,9 +28,15 @@ def compose_train(*overrides: str, hydra: bool = False):
         return compose("train", overrides=list(overrides), return_hydra_config=hydra)
 
 
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
 def sweep_values(params) -> dict[str, list[str]]:
+    """A preset's sweep, with glob(*) over a group expanded to that group's options, as Hydra's sweeper does."""
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    return {o.key_or_group: [str(x) for x in o.sweep_string_iterator()] for o in parsed}
+    return {o.key_or_group: o.value().filter(options(o.key_or_group)) if o.value_type == ValueType.GLOB_CHOICE_SWEEP
+            else [str(x) for x in o.sweep_string_iterator()] for o in parsed}
 
 
 @pytest.mark.parametrize("name", ABLATIONS)
@@ -44,14 +51,13 @@ def test_ablation_preset_is_a_whole_grid_with_seeds(name):
 
 def test_norm_placement_grid_is_placements_by_depth_by_warmup():
     grid = sweep_values(compose_train("experiment=norm_placement", hydra=True).hydra.sweeper.params)
-    assert grid["norm"] == ["post", "pre", "sandwich", "deepnorm"]
+    assert grid["norm"] == options("norm")  # glob(*): a new placement joins the grid
     assert grid["model.n_layers"] == ["2", "6"] and grid["schedule.warmup_steps"] == ["0", "100"]
 
 
 def test_positional_preset_covers_every_encoding_and_a_longer_split():
     cfg = compose_train("experiment=positional", hydra=True)
-    encodings = sorted(p.stem for p in (CONF / "pos").glob("*.yaml"))
-    assert sorted(sweep_values(cfg.hydra.sweeper.params)["pos"]) == encodings
+    assert sorted(sweep_values(cfg.hydra.sweeper.params)["pos"]) == options("pos")
     assert "test_long" in build_task(cfg).test_splits
 
 
