@@ -1,0 +1,87 @@
+"""A run written before the package was renamed (`src` -> `archsweep`, flat model fields -> variant options)
+still loads, evaluates to the numbers it gave then, and resumes (tests/fixtures/pre_rename/README.md)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from archsweep.core.model.checkpoint import load_model, read_checkpoint
+from archsweep.core.model.legacy import upgrade_model_fields
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "pre_rename"
+
+
+def test_the_fixture_is_from_before_the_rename():
+    raw = torch.load(FIXTURE / "last.ckpt", map_location="cpu", weights_only=False)["archsweep"]
+    assert raw["config"]["task"]["_target_"].startswith("src.core.tasks.")
+    assert raw["model_config"]["pos"] == "relative" and "rel_num_buckets" in raw["model_config"]
+
+
+def test_old_checkpoint_loads_as_todays_model():
+    meta = read_checkpoint(FIXTURE / "last.ckpt")["archsweep"]
+    assert meta["config"]["task"]["_target_"] == "archsweep.core.data.tasks.synthetic.ReverseTask"
+    model = load_model(FIXTURE / "last.ckpt")
+    cfg = model.config
+    assert cfg.pos == {"name": "relative", "num_buckets": 32, "max_distance": 128}
+    assert cfg.ffn == {"name": "swiglu", "gated_d_ff": None} and cfg.norm == {"name": "pre"}
+    assert type(model.encoder.pos).__name__ == "RelativeBias" and model.encoder.pos.bidirectional
+    src = torch.randint(4, 20, (2, 5))
+    assert model(src, src).shape == (2, 5, 20)
+
+
+def test_flat_fields_go_to_the_chosen_variant_only():
+    fields = {"pos": "rotary", "rope_base": 500.0, "rel_num_buckets": 32, "rel_max_distance": 128,
+              "ffn": "gelu", "gelu_approximate": "tanh", "gated_d_ff": None, "norm": "post", "d_model": 8}
+    assert upgrade_model_fields(fields) == {"pos": {"name": "rotary", "base": 500.0},
+                                            "ffn": {"name": "gelu", "approximate": "tanh"},
+                                            "norm": {"name": "post"}, "d_model": 8}
+    current = {"pos": {"name": "rotary", "base": 500.0}, "d_model": 8}
+    assert upgrade_model_fields(current) == current
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_old_checkpoint_evaluates_to_the_numbers_it_gave_then(tmp_path):
+    out = run(str(ROOT / "evaluate.py"), f"ckpt={FIXTURE / 'last.ckpt'}", f"output={tmp_path / 'eval.json'}",
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    now = json.loads((tmp_path / "eval.json").read_text())["splits"]
+    then = json.loads((FIXTURE / "last.ckpt.eval.json").read_text())["splits"]
+    trained = json.loads((FIXTURE / "results.json").read_text())
+    assert set(now) == set(then) == {"test", "test_long"}
+    for split in now:
+        for key in ("n", "loss", "ppl", "acc", "exact_match"):
+            assert now[split][key] == pytest.approx(then[split][key], rel=1e-6), (split, key)
+        for key in ("loss", "acc", "exact_match"):  # what training recorded for the same checkpoint
+            assert now[split][key] == pytest.approx(trained[split][key], rel=1e-5), (split, key)
+
+
+@pytest.mark.slow
+def test_old_checkpoint_resumes(tmp_path):
+    ckpt = tmp_path / "old.ckpt"
+    shutil.copy(FIXTURE / "last.ckpt", ckpt)
+    overrides = [o for o in OmegaConf.load(FIXTURE / "overrides.yaml") if not o.startswith("trainer.max_steps")]
+    out = run(str(ROOT / "train.py"), *overrides, "trainer.max_steps=14", f"ckpt_path={ckpt}",
+              f"hydra.run.dir={tmp_path / 'resumed'}", f"output_root={tmp_path}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 14
+    assert results["resumed_from"] == str(ckpt)
+    with open(tmp_path / "resumed" / "metrics.csv") as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f)]
+    assert steps and min(steps) >= 10  # it continued from step 10, not from scratch
