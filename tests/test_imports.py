@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,75 @@ def test_variant_sources_do_not_mention_framework_imports():
             stripped = line.strip()
             if stripped.startswith(("import ", "from ")):
                 assert stripped.split()[1].split(".")[0] not in FORBIDDEN, f"{path}: {stripped}"
+
+
+WINGS = ["model", "data", "eval", "train", "report"]  # each may import the wings before it, never after
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.with_suffix("").relative_to(ROOT / "src").parts)
+    return ".".join(["archsweep", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the archsweep modules it imports (at the top or inside functions), read from the sources."""
+    modules = {module_name(p): p for p in (ROOT / "src").rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("archsweep"):
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                         for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("archsweep")}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "core" else parts[1] if len(parts) > 1 else None
+
+
+def test_core_has_five_wings_each_saying_what_it_owns():
+    wings = sorted(p.name for p in (ROOT / "src" / "core").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert wings == sorted(WINGS)
+    assert not [p.name for p in (ROOT / "src" / "core").glob("*.py") if p.name != "__init__.py"]
+    for name in WINGS:
+        doc = ast.get_docstring(ast.parse((ROOT / "src" / "core" / name / "__init__.py").read_text()))
+        assert doc and "wing" in doc.split("\n")[0].lower() and "import" in doc.lower(), name
+
+
+def test_wings_import_one_way():
+    order = {"variants": -1, **{w: i for i, w in enumerate(WINGS)}}
+    wrong = []
+    for module, deps in import_graph().items():
+        here = wing(module)
+        if here not in order:
+            continue
+        for dep in deps:
+            there = wing(dep)
+            if there == "core" or (there in order and order[there] > order[here]):
+                wrong.append(f"{module} imports {dep}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                return path[path.index(dep):] + [module, dep] if dep in path else [module, dep]
+            if dep not in state and (cycle := visit(dep, path + [module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module, [])
+            assert cycle is None, " -> ".join(cycle)

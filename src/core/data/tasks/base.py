@@ -83,6 +83,6 @@ class Task:
     def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
         """The function running a model of `kind` on one of this task's batches, returning logits (B, T, V)
         aligned with batch["labels"] (B, T)."""
-        from archsweep.core.data.tasks.batches import FORWARD
+        from archsweep.core.data.tasks.forward import FORWARD
 
         return FORWARD[form_of(kind)]

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from archsweep.core.data.tasks.base import IGNORE_INDEX
-from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, pack_prefix_lm
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
+
+from archsweep.core.data.tasks.base import IGNORE_INDEX
+from archsweep.variants.model import pack_prefix_lm
 
 Batch = dict[str, Any]
 
@@ -55,21 +56,6 @@ def encoder_only_batch(src: Tensor, src_len: Tensor, tgt: Tensor, pad_id: int) -
     labels = tgt[:, :width].masked_fill(src == pad_id, IGNORE_INDEX)  # (B, S); drops the EOS column
     return {"tokens": src, "pad_mask": length_mask(src_len, width), "labels": labels, "src_len": src_len,
             "n_tokens": int(src_len.sum())}
-
-
-def forward_encoder_decoder(model: nn.Module, batch: Batch) -> Tensor:
-    return model(batch["src"], batch["tgt_in"], batch["src_mask"], batch["tgt_mask"])  # (B, T, V)
-
-
-def forward_tokens(model: nn.Module, batch: Batch) -> Tensor:
-    return model(batch["tokens"], batch["pad_mask"])  # (B, T, V)
-
-
-FORWARD: dict[str, Callable[[nn.Module, Batch], Tensor]] = {  # by data form
-    SOURCE_TARGET: forward_encoder_decoder,
-    CAUSAL: forward_tokens,
-    BIDIRECTIONAL: forward_tokens,
-}
 
 
 def batch_seed(seed: int, split: str, index: int) -> int:
