@@ -82,6 +82,7 @@ class IsSortedTask(SyntheticTask):
         if form_of(kind) != BIDIRECTIONAL:
             return super().make_batch(seed, kind, split)
         import torch
+
         from archsweep.core.data.tasks import batches
 
         gen = torch.Generator().manual_seed(seed)

@@ -96,6 +96,7 @@ class SyntheticTask(Task):
 
     def make_batch(self, seed: int, kind: str, split: str = "train") -> dict[str, Any]:
         import torch
+
         from archsweep.core.data.tasks import batches
 
         gen = torch.Generator().manual_seed(seed)

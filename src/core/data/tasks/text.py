@@ -146,6 +146,7 @@ class TextTask(Task):
         """BERT's masking of (B, T) tokens; at least one labelled position per row."""
         import numpy as np
         import torch
+
         from archsweep.core.data.tasks.base import IGNORE_INDEX
 
         b, t = tokens.shape

@@ -170,6 +170,7 @@ class TranslationTask(Task):
 
     def make_batch(self, data: dict[str, Any], rows, kind: str) -> dict[str, Any]:
         import torch
+
         from archsweep.core.data.tasks import batches
 
         src_rows, tgt_rows = [], []
@@ -209,6 +210,7 @@ class TrainOrder:
 
     def batch(self, index: int):
         import numpy as np
+
         from archsweep.core.data.tasks.batches import batch_seed
 
         epoch, j = divmod(index, self.per_epoch)
