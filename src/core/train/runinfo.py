@@ -28,7 +28,7 @@ def is_setting(key: str) -> bool:
 @dataclass
 class RunInfo:
     run_dir: Path
-    choices: dict[str, str | None]  # group -> option, e.g. {"model": "encoder_decoder", "norm": "post", ...}
+    choices: dict[str, str | None]  # group -> option, e.g. {model: encoder_decoder, norm: post, ...}
     overrides: list[str]  # this job's command-line overrides
     name: str
     group: str | None
