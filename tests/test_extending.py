@@ -138,3 +138,15 @@ def test_a_misspelt_option_of_the_new_variant_is_refused(plugin, tmp_path, searc
     assert out.returncode != 0
     assert "pos=scaled_sinusoidal has no option 'scael'; did you mean 'scale'? (its options: scale)" in out.stderr
     assert not list(tmp_path.glob("**/checkpoints"))
+
+
+def test_a_variant_yaml_without_its_package_line_is_refused(plugin, tmp_path):
+    bad = tmp_path / "conf" / "pos"
+    bad.mkdir(parents=True)
+    (bad / "headless.yaml").write_text("# a comment first, so Hydra does not see the package line\n" + POS_YAML)
+    env = {**os.environ, "PYTHONPATH": str(plugin), "WANDB_MODE": "disabled",
+           "ARCHSWEEP_CONFIG_PATH": str(tmp_path / "conf")}
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "pos=headless", "logger=csv",
+                          f"output_root={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "conf/pos/<option>.yaml must begin with the line '# @package model.pos'" in out.stderr
