@@ -21,7 +21,6 @@ from archsweep.variants.norm import NORM, NORM_TYPES
 from archsweep.variants.pos import POS
 from archsweep.variants.registry import Registry, close_match
 
-AXES: dict[str, Registry] = {"norm": NORM, "pos": POS, "ffn": FFN}  # variant fields with options
 INITS = ("xavier", "gpt2")
 STRATEGIES = ("greedy", "beam", "sample")
 
@@ -51,11 +50,12 @@ class ModelConfig:
     attn_dropout: float | None = None  # attention probabilities; None = dropout
     emb_dropout: float | None = None  # after embedding + absolute position; None = dropout
 
-    norm: str | dict[str, Any] = NORM.default  # placement (archsweep.variants.norm)
+    # a variant field: its registry in the field's metadata (a new axis is one such field, a registry, a group)
+    norm: str | dict[str, Any] = dataclasses.field(default=NORM.default, metadata={"registry": NORM})  # placement
     norm_type: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
-    pos: str | dict[str, Any] = POS.default  # positional encoding (archsweep.variants.pos)
-    ffn: str | dict[str, Any] = FFN.default  # feed-forward layer (archsweep.variants.ffn)
+    pos: str | dict[str, Any] = dataclasses.field(default=POS.default, metadata={"registry": POS})
+    ffn: str | dict[str, Any] = dataclasses.field(default=FFN.default, metadata={"registry": FFN})
 
     bias: bool = True  # biases in attention and FFN projections
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
@@ -183,6 +183,10 @@ class ModelConfig:
             if field not in own and value != defaults[field]:
                 raise ValueError(f"{field}={value!r} only applies to kind={' or '.join(kinds)}; leave it unset "
                                  f"({defaults[field]!r}) for kind={self.kind}")
+
+AXES: dict[str, Registry] = {f.name: f.metadata["registry"] for f in dataclasses.fields(ModelConfig)
+                             if "registry" in f.metadata}  # variant fields with options: norm, pos, ffn
+
 
 @dataclass
 class DecodingConfig:

@@ -1,0 +1,67 @@
+"""The registries and conf/ agree: every option yaml of an axis names a class registered under the yaml's name,
+every registered variant has its yaml, constructors name their options, and a registry refuses what it should."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from archsweep.core.model.config import AXES, ModelConfig
+from archsweep.variants.model import KIND, form_of
+from archsweep.variants.pos import POS
+from archsweep.variants.registry import Registry
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+YAMLS = [(axis, p) for axis in AXES for p in sorted((CONF / axis).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("axis,path", YAMLS, ids=[f"{a}/{p.stem}" for a, p in YAMLS])
+def test_each_option_yaml_names_the_class_registered_under_its_file_name(axis, path):
+    assert path.read_text().startswith(f"# @package model.{axis}\n")  # Hydra reads the package from line one
+    spec = OmegaConf.to_container(OmegaConf.load(path))
+    registry = AXES[axis]
+    name, cls, options = registry.resolve(spec)
+    assert name == path.stem and cls.option_name == path.stem
+    assert set(spec) - {"_target_"} == set(options), "the yaml lists every option, with its default"
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+def test_every_registered_variant_has_its_yaml(axis):
+    assert AXES[axis].names() == sorted(p.stem for p in (CONF / axis).glob("*.yaml"))
+
+
+def test_every_kind_has_a_model_yaml_and_a_data_form():
+    assert KIND.names() == sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+    for kind in KIND.names():
+        assert OmegaConf.load(CONF / "model" / f"{kind}.yaml").kind == kind
+        assert form_of(kind) in ("source_target", "causal", "bidirectional")
+
+
+def test_canonical_spec_fills_defaults_and_round_trips():
+    spec = POS.spec("rotary")
+    assert spec == {"name": "rotary", "base": 10000.0}
+    assert POS.spec(spec) == spec and POS.spec({"_target_": "archsweep.variants.pos.rotary.Rotary"}) == spec
+    assert ModelConfig(pos={"name": "rotary", "base": 500}).validate().pos == {"name": "rotary", "base": 500}
+
+
+def test_a_registry_refuses_kwargs_constructors_and_a_second_class_under_one_name():
+    registry = Registry("demo", "archsweep.variants.pos", default="x")
+
+    @registry.register("loose")
+    class Loose:
+        def __init__(self, d_model: int, **options) -> None: ...
+
+    with pytest.raises(TypeError, match=r"takes \*args/\*\*kwargs; a variant's constructor must name each option"):
+        registry.resolve("loose")
+    with pytest.raises(ValueError, match=r"demo='loose' is registered twice"):
+        @registry.register("loose")
+        class Other:
+            pass
+
+
+def test_a_name_and_a_target_that_disagree_are_refused():
+    with pytest.raises(ValueError, match=r"name='alibi' but _target_=archsweep.variants.pos.rotary.Rotary is "
+                                         r"registered as 'rotary'"):
+        POS.resolve({"name": "alibi", "_target_": "archsweep.variants.pos.rotary.Rotary"})
