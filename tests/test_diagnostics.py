@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
 from archsweep.core.eval.attention_maps import GAP, attention_figure, grid_shapes, mean_entropy, parse_name, save_figure, tile
+from archsweep.core.eval.metrics import LengthTable, by_length, row_stats
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.train.diagnostic_callbacks import (
     DivergenceMonitor,
@@ -29,7 +30,6 @@ from archsweep.core.train.diagnostic_callbacks import (
     token_norm,
 )
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics, diagnostics_config
-from archsweep.core.train.lit import LengthMetrics
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.addition import AdditionTask
 from archsweep.core.data.tasks.is_sorted import IsSortedTask
@@ -203,11 +203,11 @@ def test_length_metrics_count_rows_and_tokens_by_length():
     labels = torch.tensor([[5, 6, IGNORE_INDEX], [5, 6, 7], [7, 7, 7]])
     predicted = torch.tensor([[5, 6, 0], [5, 0, 7], [7, 7, 7]])
     logits = F.one_hot(predicted, 10).float()  # (B, T, V)
-    metrics = LengthMetrics()
-    metrics.update(logits, labels, torch.tensor([2, 3, 3]))
-    metrics.update(logits[:1], labels[:1], torch.tensor([2]))
-    assert metrics.result() == {"2": {"n": 2, "exact_match": 1.0, "acc": 1.0},
-                                "3": {"n": 2, "exact_match": 0.5, "acc": 5 / 6}}
+    metrics = LengthTable(max_len=5)
+    metrics.update(row_stats(logits, labels), torch.tensor([2, 3, 3]))
+    metrics.update(row_stats(logits[:1], labels[:1]), torch.tensor([2]))
+    assert by_length(metrics.compute()) == {"2": {"n": 2, "exact_match": 1.0, "acc": 1.0},
+                                            "3": {"n": 2, "exact_match": 0.5, "acc": 5 / 6}}
 
 
 @pytest.mark.parametrize("task,kind", [

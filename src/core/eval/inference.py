@@ -4,23 +4,22 @@ by source-length bucket (which is where length generalisation shows)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from archsweep.core.model.checkpoint import CKPT_DIR, model_from_checkpoint, read_checkpoint
 from archsweep.core.data.codec import Codec, codec_from_state, codec_state_for
 from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, strip
 from archsweep.core.eval.generation import DecodingConfig, generate
+from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
+from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
 
 
 @dataclass
@@ -31,18 +30,6 @@ class Loaded:
     codec: Codec
     codec_state: dict[str, Any]
     config: dict[str, Any]  # the resolved train.py config of the run
-
-
-def checkpoint_file(value: str | Path) -> Path:
-    path = Path(value)
-    if path.is_dir():
-        for name in ("best.ckpt", "last.ckpt"):
-            if (path / CKPT_DIR / name).is_file():
-                return path / CKPT_DIR / name
-    if not path.is_file():
-        raise ValueError(f"ckpt={value}: no checkpoint there; give a .ckpt file written by train.py or its run "
-                         f"directory (holding {CKPT_DIR}/best.ckpt or last.ckpt)")
-    return path
 
 
 def pick_device(name: str) -> torch.device:
@@ -56,7 +43,7 @@ def decoding_config(cfg: DictConfig) -> DecodingConfig:
 
 
 def load(value: str | Path, device: torch.device) -> Loaded:
-    path = checkpoint_file(value)
+    path = resolve_checkpoint(value, "evaluate")
     ckpt = read_checkpoint(path)
     model = model_from_checkpoint(ckpt, path)
     meta = ckpt["archsweep"]
@@ -116,7 +103,8 @@ def run_generate(cfg: DictConfig) -> list[list[tuple[str, float]]]:
 
 
 def source_lengths(batch: dict[str, Any], kind: str) -> torch.Tensor:
-    """(B,) source length of each row: real source tokens, or a prefix LM's tokens before the separator."""
+    """(B,) source length of each row of a batch without `src_len` (which the tasks' batches carry, and which
+    training's by-length table reads): real source tokens, or a prefix LM's tokens before the separator."""
     labels = batch["labels"]
     if kind == "encoder_decoder":
         src = batch["src"]
@@ -129,69 +117,43 @@ def source_lengths(batch: dict[str, Any], kind: str) -> torch.Tensor:
                                                                                          tokens.shape[1])
 
 
-@dataclass
-class Row:
-    length: int
-    nll: float
-    tokens: int
-    correct: int
-    exact: bool  # decoded when the split was decoded, else teacher-forced
-
-
 def evaluate_split(loaded: Loaded, task, split: str, decoding: DecodingConfig, decode_limit: int | None,
-                   seed: int, device: torch.device) -> tuple[dict[str, Any], list[Row], DecodeResults | None]:
+                   seed: int, device: torch.device) -> tuple[dict[str, Any], LengthTable, DecodeResults | None]:
+    """(summary, counts by source length, decoded examples) of one split. The teacher-forced metrics are
+    train.py's (`archsweep.core.eval.metrics`); a decoded row's exact match replaces its teacher-forced one."""
     state, kind = loaded.codec_state, loaded.kind
     forward = task.forward_fn(kind)
     decodes = state["seq2seq"] and kind != "encoder_only"
     results = DecodeResults(keep_examples=3) if decodes else None
-    rows: list[Row] = []
+    metrics, lengths = SplitMetrics().to(device), LengthTable(task.max_input_len(kind)).to(device)
     with torch.no_grad():
         for batch in task.dataloader(split, kind, seed):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            logits, labels = forward(loaded.model, batch).float(), batch["labels"]
-            nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                                  reduction="none").view(labels.shape).sum(1)
-            labelled = labels != IGNORE_INDEX
-            hits = (logits.argmax(-1) == labels) & labelled
-            exact = (hits | ~labelled).all(1).tolist()
+            stats = row_stats(forward(loaded.model, batch), batch["labels"])
             if decodes and (decode_limit is None or results.total < decode_limit):
                 limit = None if decode_limit is None else decode_limit - results.total
                 decoded = decode_batch(loaded.model, batch, kind, decoding, pad_id=state["pad_id"],
                                        bos_id=state["bos_id"], eos_id=state["eos_id"], to_text=loaded.codec.decode,
                                        results=results, limit=limit)
-                exact[: len(decoded)] = decoded
-            lengths = source_lengths(batch, kind).tolist()
-            for i in range(labels.shape[0]):
-                rows.append(Row(lengths[i], nll[i].item(), int(labelled[i].sum()), int(hits[i].sum()), exact[i]))
-    summary = summarize(rows)
+                exact = stats.exact.clone()
+                exact[: len(decoded)] = torch.tensor(decoded, dtype=torch.bool, device=exact.device)
+                stats = dataclasses.replace(stats, exact=exact)
+            metrics.update(stats)
+            src_len = batch["src_len"] if "src_len" in batch else source_lengths(batch, kind)
+            lengths.update(stats, src_len)
+    summary = {"n": int(metrics.exact_match.rows), **{k: float(v) for k, v in metrics.compute().items()}}
     if results is not None and results.total:
         summary["exact_match"] = results.exact_match()
         summary["decoded"] = results.total
         if state["type"] == "tokenizer":
             summary["bleu"] = results.bleu()
-    return summary, rows, results
+    return summary, lengths, results
 
 
-def summarize(rows: list[Row]) -> dict[str, Any]:
-    tokens = sum(r.tokens for r in rows)
-    nll = sum(r.nll for r in rows) / max(tokens, 1)
-    return {"n": len(rows), "loss": nll, "ppl": math.exp(min(nll, 50.0)),
-            "acc": sum(r.correct for r in rows) / max(tokens, 1),
-            "exact_match": sum(r.exact for r in rows) / max(len(rows), 1)}
-
-
-def length_table(split: str, rows: list[Row], buckets: int) -> list[dict[str, Any]]:
+def length_table(split: str, lengths: LengthTable, buckets: int) -> list[dict[str, Any]]:
     """Rows grouped into `buckets` equal-width ranges of source length."""
-    lo, hi = min(r.length for r in rows), max(r.length for r in rows)
-    width = max(1, math.ceil((hi - lo + 1) / buckets))
-    groups: dict[int, list[Row]] = defaultdict(list)
-    for r in rows:
-        groups[(r.length - lo) // width].append(r)
-    table = []
-    for b in sorted(groups):
-        start = lo + b * width
-        table.append({"split": split, "lengths": [start, min(start + width - 1, hi)], **summarize(groups[b])})
-    return table
+    return [{"split": split, "lengths": [first, last], **summary}
+            for first, last, summary in length_buckets(lengths.compute(), buckets)]
 
 
 def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
@@ -206,9 +168,10 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     for split in splits:
         start = time.time()
         print(f"evaluating {split} ...", flush=True)
-        summary, rows, results = evaluate_split(loaded, task, split, decoding, cfg.decode_limit, cfg.seed, device)
+        summary, lengths, results = evaluate_split(loaded, task, split, decoding, cfg.decode_limit, cfg.seed,
+                                                   device)
         report["splits"][split] = summary
-        report["by_length"] += length_table(split, rows, cfg.buckets)
+        report["by_length"] += length_table(split, lengths, cfg.buckets)
         for source, reference, prediction in (results.examples if results else []):
             print(f"  src: {source}\n  ref: {reference}\n  out: {prediction}")
         print(f"  {summary['n']} examples in {time.time() - start:.1f}s: " +

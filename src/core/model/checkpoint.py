@@ -1,5 +1,5 @@
-"""Checkpoints: rebuild the plain model from one without Hydra or Lightning, find the one to resume from, and
-write them atomically.
+"""Checkpoints: rebuild the plain model from one without Hydra or Lightning, find the file a setting names
+(`resolve_checkpoint`: to resume, or to evaluate and generate from), and write them atomically.
 
     from archsweep.core.model.checkpoint import load_model
     model = load_model("outputs/runs/2025-01-01_12-00-00/checkpoints/best.ckpt")  # an nn.Module, eval mode
@@ -64,19 +64,37 @@ def _resume_key(overrides: list[str]) -> list[str]:
     return sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_IGNORED)
 
 
-def resolve_ckpt_path(value: str, output_root: str | Path, overrides: list[str]) -> Path:
-    """`ckpt_path` -> a checkpoint file. Accepts a file, a run directory (its checkpoints/last.ckpt), or `last`:
-    the newest last.ckpt under `output_root` of a run launched with the same overrides (ckpt_path and the step
-    budget aside)."""
-    if value != "last":
-        path = Path(value)
-        if path.is_dir():
-            path = path / CKPT_DIR / "last.ckpt"
-        if not path.is_file():
-            raise ValueError(f"ckpt_path={value}: no checkpoint file there; give a .ckpt file, a run directory "
-                             f"holding {CKPT_DIR}/last.ckpt, or `last`")
+PURPOSES = ("resume", "evaluate")  # what a checkpoint is resolved for; evaluate also means generate
+
+
+def resolve_checkpoint(value: str | Path, purpose: str, output_root: str | Path | None = None,
+                       overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """The checkpoint file `value` names, by one rule: a file is itself; a run directory means its
+    checkpoints/last.ckpt when resuming (the newest state) and its checkpoints/best.ckpt, else last.ckpt, when
+    evaluating or generating (the lowest val/loss); `last`, for resuming only, is the newest last.ckpt
+    under `output_root` of a run launched with the same `overrides` (ckpt_path and the step budget aside).
+
+    Errors name the setting train.py (`ckpt_path`) or evaluate.py / generate.py (`ckpt`) read."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose={purpose!r} must be one of {', '.join(PURPOSES)}")
+    if purpose == "resume" and str(value) == "last":
+        return _newest_last(output_root if output_root is not None else ".", overrides)
+    path = Path(value)
+    names = ("last.ckpt",) if purpose == "resume" else ("best.ckpt", "last.ckpt")
+    if path.is_dir():
+        found = [path / CKPT_DIR / n for n in names if (path / CKPT_DIR / n).is_file()]
+        path = found[0] if found else path / CKPT_DIR / names[0]
+    if path.is_file():
         return path
-    wanted = _resume_key(overrides)
+    if purpose == "resume":
+        raise ValueError(f"ckpt_path={value}: no checkpoint file there; give a .ckpt file, a run directory "
+                         f"holding {CKPT_DIR}/last.ckpt, or `last`")
+    raise ValueError(f"ckpt={value}: no checkpoint there; give a .ckpt file written by train.py or its run "
+                     f"directory (holding {CKPT_DIR}/best.ckpt or last.ckpt)")
+
+
+def _newest_last(output_root: str | Path, overrides: list[str] | tuple[str, ...]) -> Path:
+    wanted = _resume_key(list(overrides))
     candidates = sorted(Path(output_root).glob(f"**/{CKPT_DIR}/last.ckpt"), key=lambda p: p.stat().st_mtime,
                         reverse=True)
     for path in candidates:

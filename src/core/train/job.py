@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from archsweep.core.data.tasks.base import Task
-from archsweep.core.model.checkpoint import read_checkpoint, resolve_ckpt_path
+from archsweep.core.model.checkpoint import read_checkpoint, resolve_checkpoint
 from archsweep.core.model.config import DecodingConfig, ModelConfig
 from archsweep.core.train.callback_group import check_callbacks
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
@@ -157,7 +157,7 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     ckpt = None
     if cfg.ckpt_path is not None:
         try:
-            ckpt = resolve_ckpt_path(str(cfg.ckpt_path), cfg.output_root, info.overrides)
+            ckpt = resolve_checkpoint(str(cfg.ckpt_path), "resume", cfg.output_root, info.overrides)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
