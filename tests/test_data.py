@@ -145,6 +145,7 @@ def test_interrupted_preparation_leaves_nothing_a_later_run_trusts(tmp_path, mon
 
 # ---- translation ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # builds BPE vocabularies of the real corpus
 def test_multi30k_splits_references_and_bucketing(tmp_path):
     files = {s: [str(MULTI30K / f"{s}.en"), str(MULTI30K / f"{s}.de")] for s in ("train", "val", "test2016")}
     task = translation_task(files["train"], files["val"], tmp_path, test=files["test2016"], bpe_vocab_size=2000,

@@ -66,6 +66,7 @@ def built_params(*overrides: str) -> int:
     return count_parameters(build_model(model_config(cfg, build_task(cfg))))
 
 
+@pytest.mark.slow  # builds every model of two presets, matched and not
 @pytest.mark.parametrize("preset,axis", [("ffn_activation", "ffn"), ("architecture", "model")])
 def test_presets_match_parameter_counts(preset, axis):
     grid = sweep_values(compose_train(f"experiment={preset}", hydra=True).hydra.sweeper.params)
@@ -169,6 +170,7 @@ def test_trace_rows_follow_the_tensor_flow():
     assert model.training  # restored
 
 
+@pytest.mark.slow  # a train.py subprocess
 def test_trace_shapes_from_the_command_line():
     out = subprocess.run([sys.executable, "train.py", "trace_shapes=true", "logger=none", "model=decoder_only",
                           "pos=rotary", "task.batch_size=4", f"hydra.run.dir={ROOT}/outputs/.trace_test"],

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "task.batch_size=8", "task.max_len=6",
         "task.val_batches=2", "task.test_batches=2", "trainer.max_steps=8", "trainer.val_check_interval=4",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "trainer.max_steps=4",
         "trainer.val_check_interval=2", "trainer.log_every_n_steps=2", "schedule.warmup_steps=2", "logger=none"]

@@ -20,6 +20,7 @@ from archsweep.core.model.checkpoint import atomic_save, load_model
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.synthetic import ReverseTask
 
+pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
         "task.max_len=8", "task.val_batches=2", "task.test_batches=2", "trainer.max_steps=20",
