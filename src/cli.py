@@ -16,8 +16,9 @@ from pathlib import Path
 START = time.time()
 
 import hydra  # noqa: E402
-from archsweep import conf_dir  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
+
+from archsweep import conf_dir  # noqa: E402
 
 CONF = str(conf_dir())
 EXTRA_CONF_ENV = "ARCHSWEEP_CONFIG_PATH"  # more config folders (os.pathsep-separated), e.g. your own variants

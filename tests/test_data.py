@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from archsweep.core.data import cache, tokenizer
 from archsweep.core.data.paths import data_dir
 from archsweep.core.data.tasks import IGNORE_INDEX

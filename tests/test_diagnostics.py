@@ -18,7 +18,19 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from archsweep.core.eval.attention_maps import GAP, attention_figure, grid_shapes, mean_entropy, parse_name, save_figure, tile
+from archsweep.core.data.tasks import IGNORE_INDEX
+from archsweep.core.data.tasks.addition import AdditionTask
+from archsweep.core.data.tasks.is_sorted import IsSortedTask
+from archsweep.core.data.tasks.synthetic import ReverseTask
+from archsweep.core.eval.attention_maps import (
+    GAP,
+    attention_figure,
+    grid_shapes,
+    mean_entropy,
+    parse_name,
+    save_figure,
+    tile,
+)
 from archsweep.core.eval.metrics import LengthTable, by_length, row_stats
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.train.diagnostic_callbacks import (
@@ -30,10 +42,6 @@ from archsweep.core.train.diagnostic_callbacks import (
     token_norm,
 )
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics, diagnostics_config
-from archsweep.core.data.tasks import IGNORE_INDEX
-from archsweep.core.data.tasks.addition import AdditionTask
-from archsweep.core.data.tasks.is_sorted import IsSortedTask
-from archsweep.core.data.tasks.synthetic import ReverseTask
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.data.tasks.batches import decoder_only_batch, encoder_decoder_batch
 from archsweep.core.eval.evaluation import DecodeResults, decode_batch, prompts_and_references, strip
 from archsweep.core.eval.generation import DecodingConfig
-from archsweep.core.data.tasks.batches import decoder_only_batch, encoder_decoder_batch
+from archsweep.core.model.build import ModelConfig, build_model
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 

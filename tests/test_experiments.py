@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from archsweep.core.data.tasks.synthetic import ReverseTask
-from archsweep.core.eval.trace import trace_rows
-from archsweep.core.model.build import ModelConfig, build_model, count_parameters, match_d_ff, parameter_count
-from archsweep.core.train.job import ConfigError, build_task, cpu_threads, model_config
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
+
+from archsweep.core.data.tasks.synthetic import ReverseTask
+from archsweep.core.eval.trace import trace_rows
+from archsweep.core.model.build import ModelConfig, build_model, count_parameters, match_d_ff, parameter_count
+from archsweep.core.train.job import ConfigError, build_task, cpu_threads, model_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

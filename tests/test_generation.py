@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+
 from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.pos import POS
-from torch import nn
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 20
 
@@ -187,8 +188,9 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "decoding").glob("*.yaml")))
 @pytest.mark.parametrize("entry", ["generate", "evaluate", "train"])
 def test_every_decoding_option_composes_and_decodes(option, entry):
-    from archsweep.core.eval.inference import decoding_config
     from hydra import compose, initialize_config_dir
+
+    from archsweep.core.eval.inference import decoding_config
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(entry, overrides=[f"decoding={option}"] + (["ckpt=x"] if entry != "train" else []))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.cache import KVCache
 

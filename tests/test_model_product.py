@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.ffn import FFN
 from archsweep.variants.model import KIND

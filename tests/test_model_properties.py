@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.attention import capture_attention
 from archsweep.variants.cache import KVCache

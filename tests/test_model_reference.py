@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from archsweep.core.model.build import ModelConfig, build_model
 from torch import nn
+
+from archsweep.core.model.build import ModelConfig, build_model
 
 D, H, FF, LAYERS, VOCAB = 32, 4, 64, 2, 50
 

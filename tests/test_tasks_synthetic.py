@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from archsweep.core.model.config import ModelConfig
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.addition import AdditionTask
 from archsweep.core.data.tasks.is_sorted import IsSortedTask
 from archsweep.core.data.tasks.recall import RecallTask
 from archsweep.core.data.tasks.synthetic import CopyTask, ReverseTask, SortTask
+from archsweep.core.model.config import ModelConfig
 
 SIZES = dict(min_len=2, max_len=6, batch_size=16, val_batches=2, test_batches=2, eval_seed=7)
 

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
 from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.loggers import make_loggers
 from archsweep.core.train.optim import make_optimizer, make_scheduler
-from archsweep.core.data.tasks import IGNORE_INDEX
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64"]  # any task's defaults

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from archsweep.core.model.checkpoint import atomic_save, load_model
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.synthetic import ReverseTask
+from archsweep.core.model.checkpoint import atomic_save, load_model
 
 pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,13 +6,14 @@ import math
 
 import pytest
 import torch
+from torch import nn
+
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters
 from archsweep.variants.ffn import FFN, GatedFeedForward, gated_hidden_size
 from archsweep.variants.norm import DeepNorm, PostNorm, PreNorm, SandwichNorm, deepnorm_constants, make_norm
 from archsweep.variants.pos import ALiBi, LearnedPosition, RelativeBias, Rotary, Sinusoidal
 from archsweep.variants.pos.alibi import alibi_slopes
 from archsweep.variants.pos.relative import relative_bucket
-from torch import nn
 
 
 def test_sinusoidal_table_matches_paper_formula():

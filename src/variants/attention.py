@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from archsweep.variants.cache import KVCache
 from torch import Tensor, nn
+
+from archsweep.variants.cache import KVCache
 
 
 @dataclass

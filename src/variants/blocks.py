@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
 from archsweep.variants.attention import AttnContext, CrossAttention, SelfAttention, self_attn_mask
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import TokenEmbedding
 from archsweep.variants.norm.base import Residual
 from archsweep.variants.pos.base import PositionalEncoding
-from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 
 class Block(nn.Module):

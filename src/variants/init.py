@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
+
 from archsweep.variants.attention import CrossAttention, SelfAttention
 from archsweep.variants.embedding import LMHead, TokenEmbedding
-from torch import nn
 
 
 def init_weights(model: nn.Module, scheme: str, n_layers: int) -> None:

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.data.tasks.base import IGNORE_INDEX
+from archsweep.core.eval.generation import DecodingConfig, generate
+from archsweep.variants.model import CAUSAL, SOURCE_TARGET, form_of, kinds_of
 
 
 def strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
@@ -34,12 +35,13 @@ def prompts_and_references(batch: dict[str, Any], kind: str) -> tuple[Tensor, Te
     """(inputs (B, L), mask (B, L), reference token lists) for decoding a training batch."""
     labels = batch["labels"]
     references = [row[row != IGNORE_INDEX].tolist() for row in labels]
-    if kind == "encoder_decoder":
+    if form_of(kind) == SOURCE_TARGET:
         src = batch["src"]
         mask = batch["src_mask"] if batch["src_mask"] is not None else torch.ones_like(src, dtype=torch.bool)
         return src, mask, references
-    if kind != "decoder_only":
-        raise ValueError(f"kind={kind} does not generate; decoding metrics need encoder_decoder or decoder_only")
+    if form_of(kind) != CAUSAL:
+        raise ValueError(f"kind={kind} does not generate; decoding metrics need a source-target or causal kind "
+                         f"({', '.join(kinds_of((SOURCE_TARGET, CAUSAL)))})")
     tokens = batch["tokens"]
     labelled = labels != IGNORE_INDEX
     first = labelled.float().argmax(1)  # position of the separator: it predicts the first target token
@@ -96,7 +98,7 @@ def decode_batch(model: nn.Module, batch: dict[str, Any], kind: str, cfg: Decodi
         reference = strip(references[row], eos_id, pad_id)
         prediction = strip(out.tokens[row, 0].tolist(), eos_id, pad_id)
         source = inputs[row][mask[row]].tolist()
-        source = strip(source[:-1] if kind == "decoder_only" else source, eos_id, pad_id)  # no separator
+        source = strip(source[:-1] if form_of(kind) == CAUSAL else source, eos_id, pad_id)  # no separator
         results.add(to_text(source, "src"), reference, prediction, to_text(reference, "tgt"),
                     to_text(prediction, "tgt"))
         exact.append(reference == prediction)

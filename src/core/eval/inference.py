@@ -20,6 +20,7 @@ from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_b
 from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
+from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, form_of
 
 
 @dataclass
@@ -61,7 +62,7 @@ def encode_prompts(loaded: Loaded, texts: list[str], device: torch.device) -> tu
     """Right-padded (B, L) inputs and mask; a prefix LM gets the separator after a sequence-to-sequence source."""
     state = loaded.codec_state
     rows = [loaded.codec.encode(t, "src") for t in texts]
-    if loaded.kind == "decoder_only" and state["seq2seq"]:
+    if form_of(loaded.kind) == CAUSAL and state["seq2seq"]:
         rows = [r + [state["sep_id"]] for r in rows]
     empty = [t for t, r in zip(texts, rows, strict=True) if not r]
     if empty:
@@ -81,8 +82,8 @@ def run_generate(cfg: DictConfig) -> list[list[tuple[str, float]]]:
     decoding = decoding_config(cfg.decoding)
     device = pick_device(cfg.device)
     loaded = load(cfg.ckpt, device)
-    if loaded.kind == "encoder_only":
-        raise ValueError(f"{loaded.path} holds an encoder_only model, which is bidirectional and does not "
+    if form_of(loaded.kind) == BIDIRECTIONAL:
+        raise ValueError(f"{loaded.path} holds an {loaded.kind} model, which is bidirectional and does not "
                          f"generate; use evaluate.py for its metrics")
     state = loaded.codec_state
     inputs, mask = encode_prompts(loaded, texts, device)
@@ -106,10 +107,10 @@ def source_lengths(batch: dict[str, Any], kind: str) -> torch.Tensor:
     """(B,) source length of each row of a batch without `src_len` (which the tasks' batches carry, and which
     training's by-length table reads): real source tokens, or a prefix LM's tokens before the separator."""
     labels = batch["labels"]
-    if kind == "encoder_decoder":
+    if form_of(kind) == SOURCE_TARGET:
         src = batch["src"]
         return batch["src_mask"].sum(1) if batch["src_mask"] is not None else torch.full_like(src[:, 0], src.shape[1])
-    if kind == "decoder_only":
+    if form_of(kind) == CAUSAL:
         labelled = labels != IGNORE_INDEX
         return labelled.float().argmax(1).long()  # the separator's position = source length
     tokens = batch["tokens"]
@@ -123,7 +124,7 @@ def evaluate_split(loaded: Loaded, task, split: str, decoding: DecodingConfig, d
     train.py's (`archsweep.core.eval.metrics`); a decoded row's exact match replaces its teacher-forced one."""
     state, kind = loaded.codec_state, loaded.kind
     forward = task.forward_fn(kind)
-    decodes = state["seq2seq"] and kind != "encoder_only"
+    decodes = state["seq2seq"] and form_of(kind) != BIDIRECTIONAL
     results = DecodeResults(keep_examples=3) if decodes else None
     metrics, lengths = SplitMetrics().to(device), LengthTable(task.max_input_len(kind)).to(device)
     with torch.no_grad():

@@ -15,6 +15,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.config import ModelConfig
@@ -23,8 +26,6 @@ from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
 from archsweep.variants.ffn import GatedFeedForward
 from archsweep.variants.norm import Residual
-from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 Row = tuple[int, str, tuple[int, ...], str]  # indent, stage, shape, dimension names
 

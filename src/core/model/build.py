@@ -14,6 +14,8 @@ import functools
 from typing import Any
 
 import torch
+from torch import nn
+
 from archsweep.core.model.config import ModelConfig
 from archsweep.variants.attention import CrossAttention, SelfAttention
 from archsweep.variants.blocks import Block, Stack
@@ -23,7 +25,6 @@ from archsweep.variants.init import init_weights
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM, make_norm
 from archsweep.variants.pos import POS
-from torch import nn
 
 __all__ = ["ModelConfig", "build_model", "count_parameters", "match_d_ff", "parameter_count"]
 

@@ -22,7 +22,12 @@ RESUME_IGNORED = ("ckpt_path", "trainer.max_steps", "schedule.total_steps")  # m
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     import torch
 
-    return torch.load(path, map_location="cpu", weights_only=False)
+    from archsweep.core.model.legacy import upgrade
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if isinstance(ckpt, dict) and "archsweep" in ckpt:
+        ckpt["archsweep"] = upgrade(ckpt["archsweep"])  # runs written before the rename load too
+    return ckpt
 
 
 def load_model(path: str | Path, device: str = "cpu"):

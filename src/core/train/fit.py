@@ -34,6 +34,7 @@ from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import Setup, write_json
+from archsweep.variants.model import BIDIRECTIONAL, form_of
 
 log = logging.getLogger("train")
 
@@ -146,7 +147,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         sweep_job_for_ddp(info)
     callbacks: list[L.Callback] = [ckpt_cb, progress]
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
-    if cfg.eval.decode_samples > 0 and codec["seq2seq"] and kind != "encoder_only":
+    if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
                                             cfg.eval.show_examples, cfg.seed))
     callbacks += diagnostic_callbacks(setup.diagnostics, setup.task, kind, text, cfg.seed, info.run_dir,

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.checkpoint import read_checkpoint, resolve_checkpoint
-from archsweep.core.model.config import DecodingConfig, ModelConfig
+from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
 from archsweep.core.train.callback_group import check_callbacks
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
 from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
@@ -53,6 +53,11 @@ def build_task(cfg: DictConfig) -> Task:
 
 
 def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
+    for axis in AXES:  # a variant yaml whose first line is not its package directive lands at the top level
+        if axis in cfg:
+            raise ConfigError(f"{axis}: the config has a top-level `{axis}` key, so the option's yaml is not read as "
+                              f"part of the model; conf/{axis}/<option>.yaml must begin with the line "
+                              f"'# @package model.{axis}'")
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     for key, value in task.model_fields().items():
         if fields.get(key) is None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch.nn.functional as F
+
 from archsweep.variants.ffn import FFN
 from archsweep.variants.ffn.base import FeedForward
 

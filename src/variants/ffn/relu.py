@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch.nn.functional as F
+
 from archsweep.variants.ffn import FFN
 from archsweep.variants.ffn.base import FeedForward
 

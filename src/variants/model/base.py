@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
-from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, KIND, SOURCE_TARGET  # noqa: F401
 from torch import nn
+
+from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, KIND, SOURCE_TARGET  # noqa: F401
 
 
 class Parts(Protocol):

@@ -4,12 +4,13 @@ prefix LM: source, separator, target in one sequence, with the loss on target to
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from archsweep.variants.blocks import Stack
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import LMHead
 from archsweep.variants.model import CAUSAL, KIND
 from archsweep.variants.model.base import ModelKind, Parts
-from torch import Tensor
 
 
 @KIND.register("decoder_only")

@@ -3,12 +3,13 @@ cross-attends to the encoder output."""
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from archsweep.variants.blocks import Stack
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import LMHead
 from archsweep.variants.model import KIND, SOURCE_TARGET
 from archsweep.variants.model.base import ModelKind, Parts
-from torch import Tensor
 
 
 @KIND.register("encoder_decoder")

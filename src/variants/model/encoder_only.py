@@ -5,11 +5,12 @@ or the mean over real tokens."""
 from __future__ import annotations
 
 import torch
+from torch import Tensor, nn
+
 from archsweep.variants.blocks import Stack
 from archsweep.variants.embedding import LMHead
 from archsweep.variants.model import BIDIRECTIONAL, KIND
 from archsweep.variants.model.base import ModelKind, Parts
-from torch import Tensor, nn
 
 POOLINGS = ("cls", "mean")  # first token through dense + tanh (BERT), or the mean over real tokens
 

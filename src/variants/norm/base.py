@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch.nn.functional as F
-from archsweep.variants.norm import NORM_TYPES
 from torch import Tensor, nn
+
+from archsweep.variants.norm import NORM_TYPES
 
 NormFactory = Callable[[], nn.Module]
 Sublayer = Callable[[Tensor], Tensor]

@@ -5,10 +5,11 @@ come from the paper's figure 2, for the stack's role and the model's depth."""
 from __future__ import annotations
 
 import torch
+from torch import Tensor, nn
+
 from archsweep.variants.attention import CrossAttention, SelfAttention
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm.base import NormFactory, Residual, Sublayer
-from torch import Tensor, nn
 
 
 def deepnorm_constants(role: str, n_layers: int, n_decoder_layers: int) -> tuple[float, float]:

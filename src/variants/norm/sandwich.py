@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm.base import NormFactory, Residual, Sublayer
-from torch import Tensor
 
 
 @NORM.register("sandwich")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
+
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding, query_key_distance
-from torch import Tensor
 
 
 def alibi_slopes(n_heads: int) -> list[float]:

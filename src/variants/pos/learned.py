@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from torch import Tensor, nn
+
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
-from torch import Tensor, nn
 
 
 @POS.register("learned")

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import Tensor, nn
+
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding, query_key_distance
-from torch import Tensor, nn
 
 
 def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
+
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
-from torch import Tensor
 
 
 def rotate_half(x: Tensor) -> Tensor:

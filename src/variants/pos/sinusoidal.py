@@ -6,9 +6,10 @@ Computed from the positions on the fly, so any length works (no table to outgrow
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
-from torch import Tensor
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
