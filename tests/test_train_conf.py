@@ -45,7 +45,7 @@ def test_option_builds_and_runs_forward(choice):
     check_training(cfg)
     group, option = choice.split("=")
     if group in ("norm", "pos", "ffn"):
-        assert getattr(model_cfg, group) == option  # the yaml sets the flat ModelConfig field
+        assert model_cfg.choice(group) == option  # the yaml sets the ModelConfig field of its axis
     if group == "model":
         assert model_cfg.kind == option
     model = build_model(model_cfg)

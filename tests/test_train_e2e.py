@@ -149,7 +149,7 @@ def test_multirun_gives_one_wandb_run_per_job(tmp_path):
     assert (pre["name"], post["name"]) == ("norm=pre", "norm=post")  # named by what varies in the sweep
     assert pre["group"] == post["group"] == "sweep-sweep"
     for norm, (_, run) in runs.items():
-        assert run["config"]["norm"] == norm and run["config"]["cfg"]["model"]["norm"] == norm
+        assert run["config"]["norm"] == norm and f".norm.{norm}." in run["config"]["cfg"]["model"]["norm"]["_target_"]
         assert run["config"]["model"] == "encoder_decoder" and run["config"]["seed"] == 3
         assert f"norm={norm}" in run["tags"] and "model=encoder_decoder" in run["tags"]
         assert run["config"]["cfg"]["model"]["d_model"] == 32
