@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
+from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
 from archsweep.core.train.job import build_task, model_config
-from archsweep.core.data.tasks import IGNORE_INDEX
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CASES = [("reverse", "encoder_decoder"), ("reverse", "decoder_only"), ("reverse", "encoder_only"),

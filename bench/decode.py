@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-
-from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.eval.generation import DecodingConfig, generate
+from archsweep.core.model.build import ModelConfig, build_model
 
 V, D, H, L, FF, PROMPT = 65, 64, 4, 4, 256, 16
 
 
 def ours(max_len: int) -> torch.nn.Module:
     return build_model(ModelConfig(kind="decoder_only", vocab_size=V, d_model=D, n_heads=H, n_layers=L, d_ff=FF,
-                                   max_seq_len=max_len, dropout=0.0, norm="pre", pos="learned", ffn="gelu",
-                                   gelu_approximate="tanh", scale_embedding=False, init="gpt2")).eval()
+                                   max_seq_len=max_len, dropout=0.0, norm="pre", pos="learned",
+                                   ffn={"name": "gelu", "approximate": "tanh"}, scale_embedding=False,
+                                   init="gpt2")).eval()
 
 
 def hf(max_len: int):

@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import OmegaConf
 
+from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
 from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
 from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
@@ -39,7 +40,6 @@ from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import finish_wandb, make_loggers
 from archsweep.core.train.optim import make_optimizer, make_scheduler
-from archsweep.core.data.tasks import IGNORE_INDEX
 
 
 class StepTimer(L.Callback):

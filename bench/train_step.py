@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters
 
