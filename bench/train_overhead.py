@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -40,6 +38,8 @@ from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import finish_wandb, make_loggers
 from archsweep.core.train.optim import make_optimizer, make_scheduler
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class StepTimer(L.Callback):

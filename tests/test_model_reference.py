@@ -91,7 +91,8 @@ def gpt2_pair(n_layers: int = 2):
     torch.manual_seed(0)
     ref = transformers.GPT2LMHeadModel(config).eval()
     ours = build_model(ModelConfig(kind="decoder_only", vocab_size=VOCAB, d_model=D, n_heads=H, n_layers=n_layers,
-                                   d_ff=4 * D, max_seq_len=32, dropout=0.0, norm="pre", pos="learned", ffn={"name": "gelu", "approximate": "tanh"},
+                                   d_ff=4 * D, max_seq_len=32, dropout=0.0, norm="pre", pos="learned",
+                                   ffn={"name": "gelu", "approximate": "tanh"},
                                    scale_embedding=False, tie_embeddings=True,
                                    init="gpt2")).eval()
     return ref, ours

@@ -100,7 +100,8 @@ def test_norm_placements_follow_their_formulas():
     x = torch.randn(2, 3, 8)
     f = nn.Linear(8, 8)
     ln = lambda: nn.LayerNorm(8)  # noqa: E731
-    post, pre, sandwich, deep = PostNorm(ln, 0.0), PreNorm(ln, 0.0), SandwichNorm(ln, 0.0), DeepNorm(ln, 0.0, role="stack", n_layers=1, n_decoder_layers=1)
+    deep = DeepNorm(ln, 0.0, role="stack", n_layers=1, n_decoder_layers=1)  # alpha = (2 n_layers) ** 0.25
+    post, pre, sandwich = PostNorm(ln, 0.0), PreNorm(ln, 0.0), SandwichNorm(ln, 0.0)
     for m in (post, pre, sandwich, deep):  # make the norms non-trivial
         for p in m.parameters():
             nn.init.normal_(p)

@@ -11,11 +11,11 @@ Its constructor is typed and takes no **kwargs. Parameters named like a structur
 `role`, ...) are filled in by the builder; every other parameter is one of the variant's own options, given in
 its yaml or as a mapping: `{"name": "rotary", "base": 500.0}`. An unknown option fails with the valid ones.
 
-Every module in a family's package is imported when the registry is first asked (`discover`), so a new variant
-is one file and one yaml: nothing else names it. Until then nothing heavy is imported: a family package holds its
-registry and finds its classes on first access, so a config can be checked for its sizes before torch loads. A yaml may name its class instead, with Hydra's `_target_`
-(`_target_: my_module.XPos`): the module is imported, which registers the class, so variants can also live
-outside this package.
+Every module in a family's package is imported when the registry is first asked (`discover`), so a new variant is
+one file and one yaml: nothing else names it. Until then nothing heavy is imported: a family package holds its
+registry and finds its classes on first access, so a config can be checked for its sizes before torch loads. A yaml
+may name its class instead, with Hydra's `_target_` (`_target_: my_module.XPos`): the module is imported, which
+registers the class, so variants can also live outside this package.
 """
 
 from __future__ import annotations
@@ -182,7 +182,8 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.axis}={name} needs its option {key!r}")
             options[key] = given.get(key, p.default)
             if not _accepts(p.annotation, options[key]):
-                raise ValueError(f"{self.axis}={name}: option {key}={options[key]!r} must be {_type_name(p.annotation)}")
+                raise ValueError(f"{self.axis}={name}: option {key}={options[key]!r} must be "
+                                 f"{_type_name(p.annotation)}")
         return str(name), cls, options
 
     def spec(self, value: Any) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Training diagnostics for ablation studies: what they measure, their settings, and the check of those settings.
 
-The quantities are the ones behind the classic questions: per-layer gradient norms and residual-stream norms
-(how norm placement shapes training; Xiong et al. 2020, "On Layer Normalization in the Transformer
-Architecture"), attention entropy and attention maps per layer and head, loss spikes and divergence, and accuracy
-by source length (length generalisation of positional encodings). The Lightning side is in
-`archsweep.core.train.diagnostic_callbacks`, the drawing in `archsweep.core.eval.attention_maps`, accuracy by length in `archsweep.core.train.lit`.
+The quantities are the ones behind the classic questions: per-layer gradient norms and residual-stream norms (how
+norm placement shapes training; Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture"),
+attention entropy and attention maps per layer and head, loss spikes and divergence, and accuracy by source length
+(length generalisation of positional encodings). The Lightning side is in
+`archsweep.core.train.diagnostic_callbacks`, the drawing in `archsweep.core.eval.attention_maps`, accuracy by
+length in `archsweep.core.eval.metrics` (shared by training and evaluate.py).
 
 This module imports nothing heavy: train.py checks the `diagnostics:` block before Lightning is imported.
 """

@@ -30,7 +30,8 @@ class EncoderOnly(ModelKind):
     @classmethod
     def check(cls, sizes, options) -> None:
         if sizes["pooling"] not in POOLINGS:
-            raise ValueError(f"pooling={sizes['pooling']!r} is not a known option; valid options: {', '.join(POOLINGS)}")
+            raise ValueError(f"pooling={sizes['pooling']!r} is not a known option; valid options: "
+                             f"{', '.join(POOLINGS)}")
 
     def __init__(self, encoder: Stack, head: LMHead, d_model: int, n_classes: int, pooling: str) -> None:
         super().__init__()
