@@ -104,7 +104,7 @@ def test_encoder_only_is_refused_with_a_reason(name):
     task = make(name)
     cfg = ModelConfig(kind="encoder_only", vocab_size=task.vocab_size, d_model=32, n_heads=2, n_layers=1, d_ff=64)
     with pytest.raises(ValueError, match=f"task={name} cannot feed model kind=encoder_only: its output is not "
-                                         f"aligned.*choose model= one of encoder_decoder, decoder_only"):
+                                         f"aligned.*choose model= one of decoder_only, encoder_decoder"):
         task.check_model(cfg)
 
 
