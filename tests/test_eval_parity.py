@@ -98,6 +98,36 @@ def test_states_of_two_processes_sum_to_the_whole_batch():
     assert by_length(tables[0].compute()) == by_length(table.compute())
 
 
+def _rank(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        rows = [slice(0, 2), slice(2, 3)][rank]
+        split, table = SplitMetrics(), LengthTable(6)
+        split.update(stats(rows))
+        table.update(stats(rows), SRC_LEN[rows])
+        got = {k: float(v) for k, v in split.compute().items()}, by_length(table.compute())  # synced by compute
+        if rank == 0:
+            Path(out).write_text(json.dumps(got))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_compute_under_two_real_processes_gives_the_whole_batch(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "rank0.json"
+    mp.spawn(_rank, args=(f"file://{tmp_path / 'rendezvous'}", str(out)), nprocs=2)
+    split, table = SplitMetrics(), LengthTable(6)
+    split.update(stats())
+    table.update(stats(), SRC_LEN)
+    metrics, lengths = json.loads(out.read_text())
+    assert metrics == pytest.approx({k: float(v) for k, v in split.compute().items()}, rel=1e-6)
+    assert lengths == by_length(table.compute())
+
+
 # --- checkpoint resolver --------------------------------------------------------------------------------------
 
 def test_one_rule_picks_the_checkpoint_for_each_purpose(tmp_path):

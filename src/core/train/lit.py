@@ -13,6 +13,7 @@ the batches carry `src_len`; that is where positional encodings differ on longer
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -102,11 +103,14 @@ class LitModel(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         for split, metrics in zip(self.test_splits, self.test_metrics, strict=True):
             self._log_split(split, metrics)
-        self.by_length = {split: by_length(table.compute()) for split, table in self.test_lengths.items()
-                          if table.update_called}
+        with warnings.catch_warnings():  # every process computes every table (a collective under DDP), even
+            warnings.filterwarnings("ignore", message="The ``compute`` method")  # one its batches never filled
+            tables = {split: by_length(table.compute()) for split, table in self.test_lengths.items()}
+        self.by_length = {split: table for split, table in tables.items() if table}
 
     def _log_split(self, split: str, metrics: SplitMetrics) -> None:
-        """Log a split's metrics, summed over all processes by `compute`, and start the next epoch afresh."""
+        """Log a split's metrics and start the next epoch afresh. `compute` has summed the counts of all processes,
+        so every process logs the same values (sync_dist would only average equal numbers)."""
         for name, value in metrics.compute().items():
             self.log(f"{split}/{name}", value, on_step=False, on_epoch=True, sync_dist=False,
                      add_dataloader_idx=False)
