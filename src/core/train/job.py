@@ -225,7 +225,7 @@ def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, An
         log.info(f"job {info.job_num} ({info.name}): {results['status']} earlier in {info.run_dir}; skipped")
         return results
     if state == "resume" and setup.ckpt_path is None:
-        setup.ckpt_path = info.run_dir / "checkpoints" / "last.ckpt"
+        setup.ckpt_path = resolve_checkpoint(info.run_dir, "resume")
         log.info(f"job {info.job_num} ({info.name}): resuming the interrupted run from {setup.ckpt_path}")
     return None
 

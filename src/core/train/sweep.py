@@ -17,6 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.runinfo import is_setting, override_key
 
 log = logging.getLogger("train")
@@ -75,7 +76,7 @@ def earlier_run(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, A
         results = None
     if results and results.get("status") in FINISHED:
         return "finished", results
-    return ("resume", None) if (run_dir / "checkpoints" / "last.ckpt").is_file() else ("new", None)
+    return ("resume", None) if (run_dir / CKPT_DIR / "last.ckpt").is_file() else ("new", None)
 
 
 def append_summary(info: Any, results: dict[str, Any], skipped: bool = False) -> None:
