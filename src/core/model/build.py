@@ -1,7 +1,7 @@
 """Assemble a model from a `ModelConfig` (plain PyTorch: no lightning, hydra or wandb needed).
 
     from archsweep.core.model.build import ModelConfig, build_model
-    model = build_model(ModelConfig(kind="decoder_only", vocab_size=65, norm="pre", pos={"name": "rotary"}))
+    model = build_model(ModelConfig(vocab_size=65))  # the 2017 paper's choices; any axis by its option name
 
 The kind assembles itself from `Parts` (embeddings, the output head, stacks); each stack's norm placement,
 positional encoding and FFN come from their registries, built with the sizes they ask for.

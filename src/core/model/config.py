@@ -1,8 +1,8 @@
 """Typed model configuration and its validation.
 
 `ModelConfig` holds the structural sizes of the architecture and, per axis (`kind`, `norm`, `pos`, `ffn`), the
-chosen variant: an option name (`pos="rotary"`) or a mapping of the name and the variant's own options
-(`pos={"name": "rotary", "base": 500.0}`; from Hydra, the yaml's `_target_` and options). The axes and their
+chosen variant: an option name (the name of its yaml in `conf/<axis>/`) or a mapping of the name and the
+variant's own options (`{"name": <option>, <its option>: <value>}`; from Hydra, the yaml's `_target_` and options). The axes and their
 options come from the registries in `archsweep.variants`; nothing here names a variant. `validate()` refuses
 impossible combinations with a message that names the field, the value and the fix, before any weight is
 allocated, asking each chosen variant for its own constraints.
@@ -82,7 +82,7 @@ class ModelConfig:
         return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
 
     def choice(self, axis: str) -> str:
-        """The option name chosen on `axis` (kind, norm, pos, ffn), e.g. "rotary"."""
+        """The option name chosen on `axis` (kind, norm, pos, ffn): the name of its yaml."""
         value = getattr(self, axis)
         if axis == "kind" or isinstance(value, str):
             return value

@@ -27,13 +27,13 @@ MODULES = {  # old module prefix -> new, most specific first
     "src.variants": "archsweep.variants",
 }
 
-# flat fields of the old ModelConfig -> (axis, option name, the options that take it)
+# flat fields of the old ModelConfig -> (axis, option): the value goes to the chosen variant if it takes the option
 FLAT_OPTIONS = {
-    "rel_num_buckets": ("pos", "num_buckets", ("relative",)),
-    "rel_max_distance": ("pos", "max_distance", ("relative",)),
-    "rope_base": ("pos", "base", ("rotary",)),
-    "gelu_approximate": ("ffn", "approximate", ("gelu", "geglu")),
-    "gated_d_ff": ("ffn", "gated_d_ff", ("swiglu", "geglu")),
+    "rel_num_buckets": ("pos", "num_buckets"),
+    "rel_max_distance": ("pos", "max_distance"),
+    "rope_base": ("pos", "base"),
+    "gelu_approximate": ("ffn", "approximate"),
+    "gated_d_ff": ("ffn", "gated_d_ff"),
 }
 AXES = ("norm", "pos", "ffn")
 
@@ -61,10 +61,12 @@ def upgrade_model_fields(fields: dict[str, Any]) -> dict[str, Any]:
     fields = dict(fields)
     specs = {axis: {"name": fields[axis]} if isinstance(fields.get(axis), str) else fields.get(axis)
              for axis in AXES if axis in fields}
-    for key, (axis, option, takers) in FLAT_OPTIONS.items():
+    from archsweep.core.model.config import AXES as REGISTRIES
+
+    for key, (axis, option) in FLAT_OPTIONS.items():
         value = fields.pop(key, None)
         spec = specs.get(axis)
-        if spec is not None and spec.get("name") in takers:
+        if spec is not None and option in REGISTRIES[axis].options(REGISTRIES[axis].get(spec["name"])):
             spec[option] = value
     fields.update(specs)
     return fields
