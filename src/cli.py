@@ -53,24 +53,23 @@ def _train(cfg: DictConfig) -> float:
     return run_job(cfg, START)
 
 
-@hydra.main(version_base="1.3", config_path=CONF, config_name="generate")
-def _generate(cfg: DictConfig) -> None:
-    from archsweep.core.eval.inference import run_generate
+def _checkpoint_entry(name: str):
+    """The Hydra main of generate.py / evaluate.py: run `archsweep.core.eval.inference.run_<name>` on the composed
+    config; a ValueError (bad input) ends the process with its message instead of a traceback."""
 
-    try:
-        run_generate(cfg)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    @hydra.main(version_base="1.3", config_path=CONF, config_name=name)
+    def main(cfg: DictConfig) -> None:
+        from archsweep.core.eval import inference
+
+        try:
+            getattr(inference, f"run_{name}")(cfg)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+
+    return main
 
 
-@hydra.main(version_base="1.3", config_path=CONF, config_name="evaluate")
-def _evaluate(cfg: DictConfig) -> None:
-    from archsweep.core.eval.inference import run_evaluate
-
-    try:
-        run_evaluate(cfg)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+_generate, _evaluate = _checkpoint_entry("generate"), _checkpoint_entry("evaluate")
 
 
 def train(start_time: float | None = None) -> None:
