@@ -135,7 +135,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     meta = {"config": resolved, "choices": info.choices, "overrides": info.overrides, "wandb_run_id": run_id,
             "codec": codec}
     lit = LitModel(model, setup.task.forward_fn(setup.model_cfg.kind), resolved["optim"], resolved["schedule"],
-                   cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits)
+                   cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits,
+                   longest_input=setup.task.max_input_len(setup.model_cfg.kind))
     extra = {"params": n_params, "run_dir": str(info.run_dir)}
     loggers = make_loggers(resolved["logger"], info.run_dir, info.name, info.group, info.tags,
                            wandb_config(cfg, info, extra), run_id)

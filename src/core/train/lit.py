@@ -35,7 +35,7 @@ def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
 class LitModel(L.LightningModule):
     def __init__(self, model: nn.Module, forward_fn: Callable[[nn.Module, dict], Tensor], optim: dict[str, Any],
                  schedule: dict[str, Any], label_smoothing: float, seed: int, meta: dict[str, Any],
-                 test_splits: tuple[str, ...] = ("test",)) -> None:
+                 test_splits: tuple[str, ...] = ("test",), longest_input: int | None = None) -> None:
         super().__init__()
         self.model, self.forward_fn = model, forward_fn
         self.optim_cfg, self.schedule_cfg = optim, schedule
@@ -43,6 +43,8 @@ class LitModel(L.LightningModule):
         self.meta = meta  # resolved config and run identity, stored in every checkpoint
         self.val_metrics, self.test_splits = SplitMetrics(), tuple(test_splits)
         self.test_metrics = nn.ModuleList(SplitMetrics() for _ in self.test_splits)  # one per test split
+        # the by-length tables' size: the task's longest input for this kind (default: the model's max_seq_len)
+        self.longest_input = longest_input or model.config.max_seq_len
         self.test_lengths: dict[str, LengthTable] = {}  # split -> counts by source length, during test
         self.by_length: dict[str, dict[str, dict[str, float]]] = {}  # split -> length -> metrics, after test
         self.n_outputs = 2  # classes each position chooses from (logits' last dim), read by the divergence check
@@ -90,8 +92,7 @@ class LitModel(L.LightningModule):
         self._log_split("val", self.val_metrics)
 
     def on_test_epoch_start(self) -> None:
-        longest = self._longest_input()
-        self.test_lengths = {split: LengthTable(longest).to(self.device) for split in self.test_splits}
+        self.test_lengths = {split: LengthTable(self.longest_input).to(self.device) for split in self.test_splits}
 
     def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.test_splits[dataloader_idx]
@@ -115,14 +116,6 @@ class LitModel(L.LightningModule):
             self.log(f"{split}/{name}", value, on_step=False, on_epoch=True, sync_dist=False,
                      add_dataloader_idx=False)
         metrics.reset()
-
-    def _longest_input(self) -> int:
-        """The task's longest input for this model's kind (an upper bound on source lengths): the size of the
-        by-length tables. The datamodule train.py uses carries the task; otherwise the model's max_seq_len."""
-        task = getattr(self.trainer.datamodule, "task", None)
-        if task is None:
-            return self.model.config.max_seq_len
-        return task.max_input_len(self.model.config.kind)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = make_optimizer(self.model, self.optim_cfg)
