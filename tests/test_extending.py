@@ -4,7 +4,6 @@ W&B tags, results.json and the saved config, and come back from the checkpoint."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from wandb_reader import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -86,12 +86,6 @@ def run(plugin: Path, *args: str, cwd: Path = ROOT, searchpath_override: bool = 
                           text=True, timeout=300)
 
 
-def wandb_reader():
-    spec = importlib.util.spec_from_file_location("wandb_offline", ROOT.parent / "shared/tools/wandb_offline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_help_lists_the_new_options(plugin):
     out = run(plugin, "--help")
@@ -113,7 +107,7 @@ def test_new_variants_train_and_are_recorded(plugin, tmp_path):
     config = (run_dir / "config.yaml").read_text()
     assert "_target_: my_variants.ScaledSinusoidal" in config and "scale: 0.5" in config
     [path] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    recorded = wandb_reader().read_run(str(path))
+    recorded = read_run(str(path))
     assert "pos=scaled_sinusoidal" in recorded["tags"] and "ffn=softplus" in recorded["tags"]
     assert recorded["config"]["pos"] == "scaled_sinusoidal"
     assert recorded["config"]["cfg"]["model"]["pos"]["scale"] == 0.5

@@ -5,7 +5,6 @@ and what W&B receives to show the grid. Real train.py subprocesses; the tests re
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import statistics
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from wandb_reader import read_run
 
 pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,23 +152,16 @@ def test_optuna_search_returns_the_objective_of_each_trial(tmp_path):
     assert len(lrs) == 2 and all(o.startswith("optim.lr=") for o in lrs)  # the sampler chose each trial's lr
 
 
-def wandb_reader():
-    spec = importlib.util.spec_from_file_location("wandb_offline", ROOT.parent / "shared/tools/wandb_offline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_wandb_receives_the_grid_as_config_keys(tmp_path):
     sweep = tmp_path / "sweep"
     out = run("train.py", "-m", "logger=wandb", *TINY, "model.n_layers=1,2", "norm=pre", "seed=0,1",
               "experiment_name=depth", f"hydra.sweep.dir={sweep}", f"output_root={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
-    reader = wandb_reader()
     seen = set()
     for job in range(4):
         [path] = (sweep / str(job)).glob("wandb/offline-run-*/run-*.wandb")
-        recorded = reader.read_run(str(path))
+        recorded = read_run(str(path))
         config = recorded["config"]
         assert recorded["group"] == "depth"  # one group per sweep
         assert config["model.n_layers"] == config["cfg"]["model"]["n_layers"]

@@ -4,7 +4,6 @@ metrics.csv, results.json, checkpoints, and W&B's offline run files through the 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from wandb_reader import read_run
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.synthetic import ReverseTask
@@ -33,13 +33,6 @@ METRICS = {"loss", "ppl", "acc", "exact_match"}
 GROUPS = {"model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",
           "experiment", "hparams_search"}
 
-
-def wandb_reader():
-    path = ROOT.parent / "shared/tools/wandb_offline.py"
-    spec = importlib.util.spec_from_file_location("wandb_offline", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def train(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -63,9 +56,8 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 def wandb_runs(run_dir: Path) -> list[tuple[str, dict]]:
     """(run id, what W&B recorded) for each offline run file under run_dir."""
-    reader = wandb_reader()
     files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
-    return [(f.stem.removeprefix("run-"), reader.read_run(str(f))) for f in files]
+    return [(f.stem.removeprefix("run-"), read_run(str(f))) for f in files]
 
 
 def val_loss_of(model: nn.Module, task: ReverseTask) -> float:
