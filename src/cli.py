@@ -19,9 +19,9 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from archsweep import conf_dir  # noqa: E402
+from archsweep.core.data.tasks.known import EXTRA_CONF_ENV  # noqa: E402  (more config folders, e.g. your variants)
 
 CONF = str(conf_dir())
-EXTRA_CONF_ENV = "ARCHSWEEP_CONFIG_PATH"  # more config folders (os.pathsep-separated), e.g. your own variants
 
 
 def _extra_config_folders() -> None:

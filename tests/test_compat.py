@@ -23,7 +23,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "pre_rename"
 
 
 def test_the_fixture_is_from_before_the_rename():
-    raw = torch.load(FIXTURE / "last.ckpt", map_location="cpu", weights_only=False)["archsweep"]
+    raw = torch.load(FIXTURE / "last.ckpt", map_location="cpu", weights_only=True)["archsweep"]
     assert raw["config"]["task"]["_target_"].startswith("src.core.tasks.")
     assert raw["model_config"]["pos"] == "relative" and "rel_num_buckets" in raw["model_config"]
 

@@ -16,6 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from archsweep.core.data.codec import Codec, codec_from_state, codec_state_for
+from archsweep.core.data.tasks.base import Task
+from archsweep.core.data.tasks.known import check_task_target
 from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, strip
 from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
@@ -48,14 +50,20 @@ def load(value: str | Path, device: torch.device) -> Loaded:
     ckpt = read_checkpoint(path)
     model = model_from_checkpoint(ckpt, path)
     meta = ckpt["archsweep"]
-    state = meta.get("codec") or codec_state_for(task_from_config(meta["config"]["task"]))
+    state = meta.get("codec") or codec_state_for(task_from_config(meta["config"]["task"], where=str(path)))
     return Loaded(path, model.to(device).eval(), model.config.kind, codec_from_state(state), state, meta["config"])
 
 
-def task_from_config(task_cfg: dict[str, Any]):
+def task_from_config(task_cfg: dict[str, Any], where: str):
+    """The task a checkpoint's stored task config describes. Its `_target_` must be one of the framework's tasks
+    (`archsweep.core.data.tasks.known`): a file never chooses what is called. Nested `_target_`s are not built."""
     from hydra.utils import instantiate
 
-    return instantiate(OmegaConf.create(task_cfg))
+    check_task_target(task_cfg, where)
+    task = instantiate(OmegaConf.create(task_cfg), _recursive_=False)
+    if not isinstance(task, Task):
+        raise ValueError(f"{where}: task._target_={task_cfg['_target_']} does not build a task")
+    return task
 
 
 def encode_prompts(loaded: Loaded, texts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +170,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     device = pick_device(cfg.device)
     loaded = load(cfg.ckpt, device)
     task_cfg = OmegaConf.merge(OmegaConf.create(loaded.config["task"]), cfg.task)
-    task = task_from_config(OmegaConf.to_container(task_cfg, resolve=True))
+    task = task_from_config(OmegaConf.to_container(task_cfg, resolve=True), where=str(loaded.path))
     splits = list(cfg.splits) if cfg.splits is not None else list(task.test_splits)
     report: dict[str, Any] = {"checkpoint": str(loaded.path), "kind": loaded.kind,
                               "decoding": OmegaConf.to_container(cfg.decoding), "splits": {}, "by_length": []}

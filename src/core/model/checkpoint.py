@@ -19,13 +19,60 @@ CKPT_DIR = "checkpoints"
 RESUME_IGNORED = ("ckpt_path", "trainer.max_steps", "schedule.total_steps")  # may differ when resuming
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
+class CheckpointError(ValueError):
+    """A file given as a checkpoint that does not load safely: truncated, not a checkpoint, or holding objects
+    beyond tensors and plain containers (which `torch.load(weights_only=True)` refuses to unpickle)."""
+
+
+def check_checkpoint_file(path: str | Path) -> None:
+    """A quick look, without torch, that `path` can be a torch.save file: a complete zip archive (a truncated copy
+    has lost the archive's closing directory). CheckpointError otherwise; safe_load checks the rest."""
+    import zipfile
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file" if not path.exists() else f"{path} is not a file")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path} is not a readable checkpoint (not the zip archive torch.save writes: "
+                              f"truncated, e.g. by an interrupted copy, or another kind of file); give a checkpoint "
+                              f"written by train.py")
+
+
+def safe_load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """torch.load with weights_only=True (tensors and plain containers only: unpickling cannot run code), every
+    failure raised as a CheckpointError that names the file. train.py's own checkpoints load this way."""
+    import pickle
+
     import torch
 
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # what weights_only refuses: a class or callable named by the file
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} holds objects that do not load safely (torch.load weights_only=True refused "
+                              f"them: {first[:200]}); archsweep loads only checkpoints written by train.py, whose "
+                              f"contents are tensors and plain values") from None
+    except Exception as e:  # noqa: BLE001  (truncated zip, a text file, ...: torch raises many kinds)
+        if isinstance(e, FileNotFoundError):
+            raise CheckpointError(f"{path}: no such file") from None
+        if isinstance(e, IsADirectoryError):
+            raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:160]}); it may be "
+                              f"truncated (an interrupted copy) or not a .ckpt file; give a checkpoint written by "
+                              f"train.py") from None
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not a train.py checkpoint (a dict with "
+                              f"'state_dict' and 'archsweep')")
+    return ckpt
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A train.py checkpoint as a dict, loaded safely (`safe_load`), its `archsweep` entry upgraded if old."""
     from archsweep.core.model.legacy import upgrade
 
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    if isinstance(ckpt, dict) and "archsweep" in ckpt:
+    ckpt = safe_load(path)
+    if "archsweep" in ckpt:
         ckpt["archsweep"] = upgrade(ckpt["archsweep"])  # runs written before the rename load too
     return ckpt
 
@@ -39,8 +86,8 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path):
     """Rebuild the plain model from a loaded train.py checkpoint dict."""
     from archsweep.core.model.build import build_model
 
-    if "archsweep" not in ckpt:
-        raise ValueError(f"{path} is not a train.py checkpoint (no 'archsweep' entry)")
+    if "archsweep" not in ckpt or "state_dict" not in ckpt:
+        raise CheckpointError(f"{path} is not a train.py checkpoint (no 'archsweep' or 'state_dict' entry)")
     model = build_model(ModelConfig.from_dict(ckpt["archsweep"]["model_config"]))
     model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
                            if k.startswith("model.")})

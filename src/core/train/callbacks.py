@@ -9,16 +9,20 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from archsweep.core.model.checkpoint import atomic_save
+from archsweep.core.model.checkpoint import atomic_save, safe_load
 
 log = logging.getLogger("train")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints written to a temporary file and renamed into place."""
+    """Checkpoints written to a temporary file and renamed into place, and read back with weights_only=True
+    whatever Lightning asks (a crafted file given as ckpt_path cannot run code)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
+        return safe_load(path, map_location=map_location)
 
 
 class Progress(L.Callback):

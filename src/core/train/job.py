@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from archsweep.core.data.tasks.base import Task
-from archsweep.core.model.checkpoint import read_checkpoint, resolve_checkpoint
+from archsweep.core.model.checkpoint import CheckpointError, check_checkpoint_file, read_checkpoint, resolve_checkpoint
 from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
 from archsweep.core.train.callback_group import check_callbacks
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
@@ -163,6 +163,7 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     if cfg.ckpt_path is not None:
         try:
             ckpt = resolve_checkpoint(str(cfg.ckpt_path), "resume", cfg.output_root, info.overrides)
+            check_checkpoint_file(ckpt)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
@@ -172,7 +173,10 @@ def check_resume(setup: Setup) -> None:
     """Read the checkpoint to resume from (torch) and check that it holds this model; sets setup.resume."""
     if setup.ckpt_path is None:
         return
-    meta = read_checkpoint(setup.ckpt_path).get("archsweep")
+    try:
+        meta = read_checkpoint(setup.ckpt_path).get("archsweep")
+    except CheckpointError as e:
+        raise ConfigError(f"ckpt_path: {e}") from None
     if meta is None:
         raise ConfigError(f"ckpt_path={setup.ckpt_path} is not a train.py checkpoint")
     if meta["model_config"] != setup.model_cfg.to_dict():
