@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from archsweep.variants.attention import AttnContext, CrossAttention, SelfAttention, self_attn_mask
+from archsweep.variants.attention.base import AttnContext
+from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import TokenEmbedding
 from archsweep.variants.norm.base import Residual
@@ -68,9 +69,11 @@ class Stack(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + t, device=tokens.device).unsqueeze(0)  # (1, T)
         x = self.emb_dropout(self.pos.embed(self.embed(tokens), positions))  # (B, T, D)
-        bias = self.pos.attn_bias(t, start + t, tokens.device)
-        mask, is_causal = self_attn_mask(pad_mask, self.causal, t, start + t, bias, tokens.device)
-        ctx = AttnContext(mask, is_causal, positions, self.pos.rotate_qk, cache)
+        ctx = AttnContext(pad_mask, self.causal, t, start + t, positions, self.pos.rotate_qk, self.pos.attn_bias,
+                          cache, tokens.device)
+        if self.training:
+            for block in self.blocks:
+                block.self_attn.kernel.on_forward()
         cross_mask = memory_mask[:, None, None, :] if memory_mask is not None else None  # (B, 1, 1, S)
         for block in self.blocks:
             if self.checkpointing and self.training:

@@ -2,7 +2,9 @@
 
 Self-attention keys and values are written into buffers allocated once for `max_len` tokens, so a decoding
 step costs no reallocation or copy of the history. Cross-attention keys and values are computed once per
-source and kept as they are. `reorder` selects batch rows (beam search).
+source and kept as they are. Attention kinds that keep something else (a rolling window of keys, a recurrent
+state) keep it in `states[layer]`, a dict of tensors with the batch first. `reorder` selects batch rows (beam
+search) of all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class KVCache:
         self.keys: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
         self.cross: dict[int, tuple[Tensor, Tensor]] = {}
+        self.states: dict[int, dict[str, Tensor]] = {}  # per layer: what an attention kind keeps instead
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new (B, Hkv, T, Dh) keys/values after the cached ones; return all keys/values so far."""
@@ -48,3 +51,11 @@ class KVCache:
                 store[layer] = buf.index_select(0, index)
         self.cross = {layer: (k.index_select(0, index), v.index_select(0, index))
                       for layer, (k, v) in self.cross.items()}
+        self.states = {layer: {name: t.index_select(0, index) for name, t in state.items()}
+                       for layer, state in self.states.items()}
+
+    def nbytes(self) -> int:
+        """Memory held by self-attention keys/values and states (cross-attention's fixed source excluded)."""
+        tensors = [*self.keys.values(), *self.values.values()]
+        tensors += [t for state in self.states.values() for t in state.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)

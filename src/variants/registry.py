@@ -37,7 +37,7 @@ T = TypeVar("T")
 STRUCTURAL = frozenset({
     "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "dropout", "attn_dropout", "bias",
     "n_layers", "n_decoder_layers", "vocab_size", "norm_type", "norm_eps",
-    "causal", "role", "make_norm",
+    "causal", "role", "make_norm", "layer",
 })
 
 

@@ -4,7 +4,7 @@
     model = build_model(ModelConfig(vocab_size=65))  # the 2017 paper's choices; any axis by its option name
 
 The kind assembles itself from `Parts` (embeddings, the output head, stacks); each stack's norm placement,
-positional encoding and FFN come from their registries, built with the sizes they ask for.
+positional encoding, attention kind and FFN come from their registries, built with the sizes they ask for.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from archsweep.core.model.config import ModelConfig
-from archsweep.variants.attention import CrossAttention, SelfAttention
+from archsweep.variants.attention import ATTENTION
+from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
 from archsweep.variants.ffn import FFN
@@ -50,7 +51,7 @@ class Parts:
         attn_args = (cfg.d_model, cfg.n_heads, cfg.kv_heads, sizes["attn_dropout"], cfg.bias)
         blocks = [
             Block(
-                SelfAttention(*attn_args, layer=i),
+                SelfAttention(*attn_args, layer=i, kernel=ATTENTION.build(cfg.attention, {**context, "layer": i})),
                 FFN.build(cfg.ffn, context),
                 functools.partial(NORM.build, cfg.norm, context),
                 CrossAttention(*attn_args, layer=i) if cross else None,

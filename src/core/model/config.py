@@ -1,6 +1,6 @@
 """Typed model configuration and its validation.
 
-`ModelConfig` holds the structural sizes of the architecture and, per axis (`kind`, `norm`, `pos`, `ffn`), the
+`ModelConfig` holds the structural sizes of the architecture and, per axis (`kind`, `norm`, `pos`, `ffn`, `attention`), the
 chosen variant: an option name (the name of its yaml in `conf/<axis>/`) or a mapping of the name and the
 variant's own options (`{"name": <option>, <its option>: <value>}`; from Hydra, the yaml's `_target_` and
 options). The axes and their options come from the registries in `archsweep.variants`; nothing here names a
@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from archsweep.variants.attention import ATTENTION
 from archsweep.variants.ffn import FFN
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM, NORM_TYPES
@@ -57,6 +58,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     pos: str | dict[str, Any] = dataclasses.field(default=POS.default, metadata={"registry": POS})
     ffn: str | dict[str, Any] = dataclasses.field(default=FFN.default, metadata={"registry": FFN})
+    attention: str | dict[str, Any] = dataclasses.field(default=ATTENTION.default,  # self-attention kind
+                                                        metadata={"registry": ATTENTION})
 
     bias: bool = True  # biases in attention and FFN projections
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
@@ -144,6 +147,11 @@ class ModelConfig:
         self.variant("kind").check(sizes, {})
         for axis in AXES:
             self.variant(axis).check(sizes, self.options(axis))
+        chosen = {axis: (self.choice(axis), self.variant(axis)) for axis in AXES}
+        for axis in AXES:  # a variant that cannot work with another axis' choice says so
+            check_together = getattr(self.variant(axis), "check_together", None)
+            if check_together is not None:
+                check_together(chosen, self.options(axis))
         return self
 
     def _check_sizes(self) -> None:
@@ -186,7 +194,7 @@ class ModelConfig:
                                  f"({defaults[field]!r}) for kind={self.kind}")
 
 AXES: dict[str, Registry] = {f.name: f.metadata["registry"] for f in dataclasses.fields(ModelConfig)
-                             if "registry" in f.metadata}  # variant fields with options: norm, pos, ffn
+                             if "registry" in f.metadata}  # variant fields with options: norm, pos, ffn, attention
 
 
 @dataclass

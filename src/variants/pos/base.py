@@ -48,6 +48,11 @@ class PositionalEncoding(nn.Module):
     def rotates(cls) -> bool:
         return cls.rotate_qk is not PositionalEncoding.rotate_qk
 
+    @classmethod
+    def adds_bias(cls) -> bool:
+        """Whether the encoding acts as an additive bias on the attention scores (needs a score matrix)."""
+        return cls.attn_bias is not PositionalEncoding.attn_bias
+
 
 def query_key_distance(q_len: int, k_len: int, device: torch.device) -> Tensor:
     """(Tq, Tk) key index minus query index, the queries being the last q_len of k_len positions."""

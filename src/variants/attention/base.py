@@ -1,0 +1,166 @@
+"""Base class of the self-attention kinds, and what the layers of one stack forward share.
+
+A kind receives projected, rotated queries, keys and values and returns the per-head context; it owns what
+differs about it: which keys a query sees (its mask), what it keeps for decoding (`ctx.cache`), whether it forms
+softmax probabilities (`forms_scores`: additive score biases and attention maps need them) and its FLOPs.
+Masks follow SDPA: a boolean mask is True where a query may attend a key; a float mask is added to the scores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from archsweep.variants.cache import KVCache
+
+
+@dataclass
+class AttnContext:
+    """What every self-attention layer of one stack forward shares; masks are built once and memoised."""
+
+    pad_mask: Tensor | None  # (B, Tk) True at real tokens: cached keys first, then the Tq new ones
+    causal: bool
+    q_len: int
+    k_len: int  # cached + new
+    positions: Tensor  # (B or 1, Tq) absolute positions of the queries
+    rotate_qk: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+    score_bias: Callable[[int, int, torch.device], Tensor | None]  # the positional encoding's additive bias
+    cache: KVCache | None
+    device: torch.device
+    memo: dict[Any, Any] = field(default_factory=dict)
+
+    def once(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
+
+    def bias(self, n_keys: int) -> Tensor | None:
+        """Score bias (1, H, Tq, n_keys) over the last n_keys keys (biases depend only on distances)."""
+        return self.once(("bias", n_keys), lambda: self.score_bias(self.q_len, n_keys, self.device))
+
+    def key_padding(self, n_keys: int) -> Tensor | None:
+        """(B, n_keys) True at the real ones among the last n_keys keys."""
+        return None if self.pad_mask is None else self.pad_mask[:, self.pad_mask.shape[1] - n_keys:]
+
+    def full_mask(self) -> tuple[Tensor | None, bool]:
+        """(mask, is_causal) over every key so far: padding, causality and the score bias."""
+        return self.once("full", lambda: self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
+                                                        self.bias(self.k_len), self.device))
+
+
+def self_attn_mask(pad_mask: Tensor | None, causal: bool, q_len: int, k_len: int, bias: Tensor | None,
+                   device: torch.device) -> tuple[Tensor | None, bool]:
+    """Combine padding, causality and an additive bias into one SDPA mask; returns (mask, is_causal).
+
+    pad_mask: (B, Tk) True at real tokens. Keys cached earlier come first, so the causal diagonal is offset by
+    Tk - Tq. A query that can see no key at all (a pad before a left-padded prompt) is allowed to see every key,
+    which keeps its (ignored) output finite instead of NaN.
+    """
+    if pad_mask is None and bias is None:
+        if not causal or q_len == 1:
+            return None, False
+        if q_len == k_len:
+            return None, True
+    keep = None
+    if causal and q_len > 1:
+        keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)  # (Tq, Tk)
+    return combine_mask(keep, pad_mask, bias), False
+
+
+def combine_mask(keep: Tensor | None, pad_mask: Tensor | None, bias: Tensor | None) -> Tensor | None:
+    """A (Tq, Tk) keep-mask, (B, Tk) key padding and a (1, H, Tq, Tk) float bias as one SDPA mask."""
+    if pad_mask is not None:
+        pad = pad_mask[:, None, None, :]  # (B, 1, 1, Tk)
+        keep = pad if keep is None else keep & pad  # (B, 1, Tq or 1, Tk)
+    if keep is not None:
+        keep = keep | ~keep.any(dim=-1, keepdim=True)  # a query seeing no key sees all (finite, ignored output)
+    if bias is None:
+        return keep
+    return bias if keep is None else bias.masked_fill(~keep, float("-inf"))
+
+
+def repeat_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Grouped-query keys/values (B, Hkv, Tk, Dh) repeated to the query heads (B, H, Tk, Dh)."""
+    if k.shape[1] == q.shape[1]:
+        return k, v
+    repeat = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float,
+           record: list[Tensor] | None) -> Tensor:
+    """Softmax attention. q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh).
+
+    With `record` (a list) the probabilities are computed explicitly and appended to it; the outputs equal SDPA's.
+    """
+    k, v = repeat_kv(q, k, v)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    if record is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if is_causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = scores.softmax(dim=-1)
+    record.append(probs.detach())
+    return F.dropout(probs, dropout, training=dropout > 0) @ v
+
+
+class AttentionKernel(nn.Module):
+    """One self-attention layer's way of attending. Subclasses set `forms_scores` and implement `forward`."""
+
+    forms_scores: ClassVar[bool] = True  # softmax over Q K^T: score biases (ALiBi, T5) and probabilities exist
+    label: str = ""  # shape trace: what this layer does, e.g. "window 64"
+
+    @classmethod
+    def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        """Raise ValueError (naming the field, the value and the fix) if the sizes or options cannot work."""
+
+    @classmethod
+    def check_together(cls, chosen: Mapping[str, tuple[str, type]], options: Mapping[str, Any]) -> None:
+        """Refuse a combination with another axis' choice ({axis: (option name, class)})."""
+        pos_name, pos_cls = chosen["pos"]
+        if cls.forms_scores or not pos_cls.adds_bias():
+            return
+        from archsweep.variants.attention import ATTENTION
+        from archsweep.variants.pos import POS
+
+        fine_pos = [n for n in POS.names() if not POS.get(n).adds_bias()]
+        scoring = [n for n in ATTENTION.names() if ATTENTION.get(n).forms_scores]
+        raise ValueError(f"attention={cls.option_name} never forms the score matrix Q K^T, so pos={pos_name} (an "
+                         f"additive bias on the scores) has nothing to act on; choose pos={' or '.join(fine_pos)}, "
+                         f"or attention={' or '.join(scoring)}")
+
+    def on_forward(self) -> None:
+        """Called once per training forward of the stack, outside activation checkpointing (random features)."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float,
+                record: list[Tensor] | None) -> Tensor:
+        """q: (B, H, Tq, Dh) new queries; k, v: (B, Hkv, Tq, Dh) new keys/values -> (B, H, Tq, Dh).
+
+        The kind keeps what it needs for decoding in `ctx.cache`; `record`, when a list, gets the (B, H, Tq, Tk)
+        attention probabilities (or the implied weights of a kernel method)."""
+        raise NotImplementedError
+
+    def flops_per_token(self, seq_len: int, causal: bool, n_heads: int, head_dim: int) -> float:
+        """Forward FLOPs per query token of the attention core (scores, weighting of values, feature maps),
+        averaged over a sequence of seq_len tokens; projections are counted by the layer around it."""
+        return 4.0 * n_heads * head_dim * mean_keys(seq_len, causal, None)
+
+
+def mean_keys(seq_len: int, causal: bool, window: int | None) -> float:
+    """Average number of keys a query sees in a sequence of seq_len tokens (a window caps it)."""
+    w = seq_len if window is None else min(window, seq_len)
+    if causal:  # query i sees min(i + 1, w) keys
+        return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+    # bidirectional: keys j with |i - j| < w, clipped to the sequence
+    total = seq_len * (2 * w - 1) - w * (w - 1)
+    return total / seq_len

@@ -1,0 +1,94 @@
+"""Multi-head attention layers (Vaswani et al. 2017, section 3.2), with grouped-query key/value heads (Ainslie
+et al. 2023; one head is multi-query, Shazeer 2019): the projections around an attention kind.
+
+Self-attention hands its queries, keys and values to the layer's `kernel` (the `attention` axis: full softmax,
+sliding window, linear, Performer). Cross-attention is always full softmax attention over the encoder output.
+Inside `capture_attention(model)` each layer records its attention probabilities for visualisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import Tensor, nn
+
+from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend
+from archsweep.variants.cache import KVCache
+
+
+class Attention(nn.Module):
+    """Shared sizes and output projection of self- and cross-attention."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.dropout = dropout
+        self.layer = layer  # index into the KV cache
+        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.record: list[Tensor] | None = None  # set by capture_attention
+
+    def split_heads(self, x: Tensor, heads: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, Dh)
+
+    def merge_heads(self, y: Tensor) -> Tensor:
+        b, _, t, _ = y.shape
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))  # (B, T, D)
+
+    def p_drop(self) -> float:
+        return self.dropout if self.training else 0.0
+
+
+class SelfAttention(Attention):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
+                 kernel: AttentionKernel) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer)
+        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        self.kernel = kernel
+
+    def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
+        qkv = self.split_heads(self.qkv_proj(x), self.n_heads + 2 * self.n_kv_heads)  # (B, H + 2 Hkv, T, Dh)
+        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
+        q, k = ctx.rotate_qk(q, k, ctx.positions)
+        return self.merge_heads(self.kernel(q, k, v, ctx, self.p_drop(), self.record))
+
+
+class CrossAttention(Attention):
+    """Decoder queries over encoder output ("memory"); no positional encoding acts here, as in T5."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer)
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
+        self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=bias)
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
+        q = self.split_heads(self.q_proj(x), self.n_heads)
+        if cache is not None and self.layer in cache.cross:
+            k, v = cache.cross[self.layer]
+        else:
+            k, v = self.kv_proj(memory).chunk(2, dim=-1)
+            k, v = self.split_heads(k, self.n_kv_heads), self.split_heads(v, self.n_kv_heads)
+            if cache is not None:
+                cache.cross[self.layer] = (k, v)
+        return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record))
+
+
+@contextlib.contextmanager
+def capture_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
+    """Record attention probabilities of every attention module while the block runs.
+
+    Yields {module name: [probabilities (B, H, Tq, Tk) for each forward call]}; names look like
+    `decoder.blocks.0.self_attn`. Uses the explicit (slower) path; outputs equal the fast path. Kernel kinds
+    (linear, Performer) record the weights they imply, which costs their T x T matrix.
+    """
+    captured: dict[str, list[Tensor]] = {}
+    modules = [(name, m) for name, m in model.named_modules() if isinstance(m, Attention)]
+    for name, module in modules:
+        module.record = captured.setdefault(name, [])
+    try:
+        yield captured
+    finally:
+        for _, module in modules:
+            module.record = None

@@ -1,0 +1,114 @@
+"""`sliding_window` (local attention, as in Longformer, Beltagy et al. 2020, and Mistral 7B): each query sees
+only the `window` nearest keys, so the cost per token is capped at `window` instead of growing with the length.
+
+Causal: key j is visible from query i iff i - window < j <= i. Bidirectional (encoders): iff |i - j| < window.
+`layer_pattern` mixes local (`L`) and global (`G`, full attention) layers, repeated over the depth: `LLLG` is
+three windowed layers then one full one. Decoding keeps a rolling cache of the last `window - 1` keys and values
+in local layers, so their memory stays constant however long the generation.
+
+Backends: `sdpa` (a boolean band mask, any device); `flex` (FlexAttention with a block mask, which skips the
+blocks outside the band; compiled on GPUs); `auto` takes `flex` on CUDA when nothing needs the explicit path
+(no score bias, no attention dropout, no recorded maps) and `sdpa` otherwise. Both give the same outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from archsweep.variants.attention import ATTENTION
+from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend, combine_mask, mean_keys
+
+BACKENDS = ("auto", "sdpa", "flex")
+_compiled_flex: Any = None
+
+
+def band(q_len: int, n_keys: int, window: int, causal: bool, device: torch.device) -> Tensor:
+    """(Tq, n_keys) True where a query may see a key; the queries are the last q_len of n_keys positions."""
+    keys = torch.arange(n_keys, device=device)
+    distance = keys[None, :] - keys[n_keys - q_len:, None]  # key index minus query index
+    return (distance > -window) & (distance <= 0 if causal else distance < window)
+
+
+@ATTENTION.register("sliding_window")
+class SlidingWindowAttention(AttentionKernel):
+    def __init__(self, layer: int, causal: bool, window: int = 64, layer_pattern: str = "L",
+                 backend: str = "auto") -> None:
+        super().__init__()
+        self.layer, self.causal, self.window, self.backend = layer, causal, window, backend
+        self.local = layer_pattern[layer % len(layer_pattern)] == "L"
+        self.label = f"sliding window of {window} keys" if self.local else "full (a global layer of the pattern)"
+
+    @classmethod
+    def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        if options["window"] < 1:
+            raise ValueError(f"attention.window={options['window']} must be at least 1 (keys each query sees, "
+                             f"itself included)")
+        pattern = options["layer_pattern"]
+        if not pattern or set(pattern) - {"L", "G"}:
+            raise ValueError(f"attention.layer_pattern={pattern!r} must be a non-empty string of L (local, "
+                             f"windowed) and G (global, full) layers, e.g. LLLG")
+        if options["backend"] not in BACKENDS:
+            raise ValueError(f"attention.backend={options['backend']!r} must be one of {', '.join(BACKENDS)}")
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float,
+                record: list[Tensor] | None) -> Tensor:
+        if not self.local:
+            if ctx.cache is not None:
+                k, v = ctx.cache.append(self.layer, k, v)
+            mask, is_causal = ctx.full_mask()
+            return attend(q, k, v, mask, is_causal, dropout, record)
+        if ctx.cache is not None:
+            k, v = self._roll(ctx, k, v)  # (B, Hkv, kept + Tq, Dh)
+        n_keys = k.shape[2]
+        bias = ctx.bias(n_keys)
+        if self._use_flex(q, bias, dropout, record):
+            return self._flex(q, k, v, ctx)
+        mask = ctx.once(("window", self.window, n_keys), lambda: combine_mask(
+            band(ctx.q_len, n_keys, self.window, self.causal, ctx.device), ctx.key_padding(n_keys), bias))
+        return attend(q, k, v, mask, False, dropout, record)
+
+    def _roll(self, ctx: AttnContext, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Prepend the kept keys/values; keep the last window - 1 for the next step."""
+        state = ctx.cache.states.get(self.layer)
+        if state is not None:
+            k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
+        start = k.shape[2] - min(self.window - 1, k.shape[2])
+        ctx.cache.states[self.layer] = {"k": k[:, :, start:].clone(), "v": v[:, :, start:].clone()}
+        return k, v
+
+    def _use_flex(self, q: Tensor, bias: Tensor | None, dropout: float, record: list[Tensor] | None) -> bool:
+        if self.backend == "sdpa":
+            return False
+        plain = bias is None and dropout == 0.0 and record is None
+        if self.backend == "flex" and not plain:
+            raise ValueError("attention.backend=flex cannot add a score bias, drop attention probabilities or "
+                             "record attention maps; use backend=auto (falls back to sdpa) or model.attn_dropout=0")
+        return plain and (self.backend == "flex" or q.is_cuda)
+
+    def _flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        global _compiled_flex
+        n_keys, window, causal = k.shape[2], self.window, self.causal
+        offset = n_keys - ctx.q_len
+        pad = ctx.key_padding(n_keys)
+
+        def keep(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+            distance = ki - (qi + offset)
+            visible = (distance > -window) & ((distance <= 0) if causal else (distance < window))
+            return visible if pad is None else visible & pad[b, ki]
+
+        batch = None if pad is None else q.shape[0]
+        block_mask = ctx.once(("flex", window, n_keys), lambda: create_block_mask(
+            keep, batch, None, ctx.q_len, n_keys, device=q.device))
+        if q.is_cuda and _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        run = _compiled_flex if q.is_cuda else flex_attention
+        return run(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+    def flops_per_token(self, seq_len: int, causal: bool, n_heads: int, head_dim: int) -> float:
+        return 4.0 * n_heads * head_dim * mean_keys(seq_len, causal, self.window if self.local else None)
