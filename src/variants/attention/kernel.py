@@ -12,6 +12,7 @@ drop out: the layer's attention dropout does not apply.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,8 +26,9 @@ State = dict[str, Tensor]  # "S" (B, H, F, Dh), "z" (B, H, F), optionally "m" (B
 
 
 def causal_linear(fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor, z0: Tensor, chunk: int,
-                  eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """fq, fk: (B, H, T, F) features, v: (B, H, T, Dv), prior state s0 (B, H, F, Dv), z0 (B, H, F).
+                  eps: float | Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """fq, fk: (B, H, T, F) features, v: (B, H, T, Dv), prior state s0 (B, H, F, Dv), z0 (B, H, F); eps a number
+    or (B, H, T) per query.
 
     Returns the outputs (B, H, T, Dv) and the state after the last token."""
     b, h, t, f = fq.shape
@@ -34,6 +36,10 @@ def causal_linear(fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor, z0: Tensor, chu
     extra = n * chunk - t
     if extra:  # zero features past the end contribute nothing; their outputs are dropped
         fq, fk, v = (F.pad(x, (0, 0, 0, extra)) for x in (fq, fk, v))
+        if isinstance(eps, Tensor):
+            eps = F.pad(eps, (0, extra), value=1.0)
+    if isinstance(eps, Tensor):
+        eps = eps.view(b, h, n, chunk)
     fq, fk = fq.view(b, h, n, chunk, f), fk.view(b, h, n, chunk, f)
     v = v.view(b, h, n, chunk, v.shape[-1])
     kv = fk.transpose(-1, -2) @ v  # (B, H, n, F, Dv): each chunk's sum of phi(k) v^T
@@ -43,26 +49,29 @@ def causal_linear(fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor, z0: Tensor, chu
     inner = (fq @ fk.transpose(-1, -2)).tril()  # (B, H, n, C, C) within-chunk, causal
     num = fq @ s_before + inner @ v  # (B, H, n, C, Dv)
     den = (fq * z_before[:, :, :, None, :]).sum(-1) + inner.sum(-1)  # (B, H, n, C)
-    out = (num / (den[..., None] + eps)).view(b, h, n * chunk, -1)[:, :, :t]
+    out = (num / (den + eps)[..., None]).view(b, h, n * chunk, -1)[:, :, :t]
     return out, s_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + zc[:, :, -1]
 
 
-def global_linear(fq: Tensor, fk: Tensor, v: Tensor, eps: float) -> Tensor:
-    """Non-causal: every query reads every (non-padding) key."""
+def global_linear(fq: Tensor, fk: Tensor, v: Tensor, eps: float | Tensor) -> Tensor:
+    """Non-causal: every query reads every (non-padding) key. eps: a number or (B, H, Tq) per query."""
     s, z = fk.transpose(-1, -2) @ v, fk.sum(dim=2)  # (B, H, F, Dv), (B, H, F)
+    eps = eps[..., None] if isinstance(eps, Tensor) else eps
     return (fq @ s) / ((fq * z[:, :, None, :]).sum(-1, keepdim=True) + eps)
 
 
-def implied_weights(fq: Tensor, fk: Tensor, causal: bool, eps: float) -> Tensor:
-    """The (B, H, Tq, Tk) attention matrix the kernel method implies: phi(q_i).phi(k_j) / row sum."""
+def implied_weights(fq: Tensor, fk: Tensor, causal: bool, eps: float | Tensor) -> Tensor:
+    """The (B, H, Tq, Tk) attention matrix the kernel method implies: phi(q_i).phi(k_j) / (row sum + eps)."""
     a = fq @ fk.transpose(-1, -2)
     if causal:
         a = a.tril(fk.shape[2] - fq.shape[2])
-    return a / (a.sum(-1, keepdim=True) + eps)
+    return a / (a.sum(-1, keepdim=True) + (eps[..., None] if isinstance(eps, Tensor) else eps))
 
 
 class FeatureMapAttention(AttentionKernel):
-    """Subclasses give `query_features` and `key_features` (with an optional per-head log-scale of the keys)."""
+    """Subclasses give `query_features` and `key_features`, each with an optional log-scale m: the features
+    returned are phi(x) / exp(m), which keeps exp() in range. The normaliser's eps is applied on the true scale,
+    so results do not depend on m (and cached decoding equals the full forward)."""
 
     forms_scores = False
 
@@ -78,31 +87,39 @@ class FeatureMapAttention(AttentionKernel):
         if options["eps"] <= 0:
             raise ValueError(f"attention.eps={options['eps']} must be positive (it keeps the normaliser off zero)")
 
-    def query_features(self, q: Tensor) -> Tensor:
+    def query_features(self, q: Tensor) -> tuple[Tensor, Tensor | None]:
+        """phi(q) / exp(m) and m (B, H, T, 1) per query, or None when no rescaling is needed."""
         raise NotImplementedError
 
     def key_features(self, k: Tensor) -> tuple[Tensor, Tensor | None]:
-        """phi(k) / exp(m) and m (B, H, 1, 1), or None when no rescaling is needed."""
+        """phi(k) / exp(m) and m (B, H, 1, 1) shared by the keys, or None when no rescaling is needed."""
         raise NotImplementedError
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float,
                 record: list[Tensor] | None) -> Tensor:
         with torch.autocast(q.device.type, enabled=False):
             k, v = repeat_kv(q, k, v)
-            fq, (fk, m) = self.query_features(q.float()), self.key_features(k.float())  # (B, H, T, F)
+            (fq, mq), (fk, m) = self.query_features(q.float()), self.key_features(k.float())  # (B, H, T, F)
             pad = ctx.key_padding(k.shape[2])
             if pad is not None:
                 fk = fk * pad[:, None, :, None]
             if record is not None:
-                record.append(implied_weights(fq, fk, self.causal, self.eps).detach())
+                record.append(implied_weights(fq, fk, self.causal, self._eps(mq, m)).detach())
             if not self.causal:
-                return global_linear(fq, fk, v.float(), self.eps).to(q.dtype)
+                return global_linear(fq, fk, v.float(), self._eps(mq, m)).to(q.dtype)
             state = ctx.cache.states.get(self.layer) if ctx.cache is not None else None
             s0, z0, fk, m = self._prior(state, fk, m, v)
-            out, s, z = causal_linear(fq, fk, v.float(), s0, z0, self.chunk_size, self.eps)
+            out, s, z = causal_linear(fq, fk, v.float(), s0, z0, self.chunk_size, self._eps(mq, m))
             if ctx.cache is not None:
                 ctx.cache.states[self.layer] = {"S": s, "z": z} if m is None else {"S": s, "z": z, "m": m}
             return out.to(q.dtype)
+
+    def _eps(self, mq: Tensor | None, mk: Tensor | None) -> float | Tensor:
+        """eps on the scale of the rescaled features: eps / exp(mq + mk), (B, H, T) per query."""
+        if mq is None and mk is None:
+            return self.eps
+        log = math.log(self.eps) - (mq[..., 0] if mq is not None else 0.0) - (mk[..., 0] if mk is not None else 0.0)
+        return torch.exp(log)
 
     def _prior(self, state: State | None, fk: Tensor, m: Tensor | None,
                v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:

@@ -18,8 +18,8 @@ class LinearAttention(FeatureMapAttention):
     def __init__(self, layer: int, causal: bool, chunk_size: int = 64, eps: float = 1e-6) -> None:
         super().__init__(layer, causal, chunk_size, eps)
 
-    def query_features(self, q: Tensor) -> Tensor:
-        return F.elu(q) + 1
+    def query_features(self, q: Tensor) -> tuple[Tensor, None]:
+        return F.elu(q) + 1, None
 
     def key_features(self, k: Tensor) -> tuple[Tensor, None]:
         return F.elu(k) + 1, None

@@ -9,8 +9,9 @@ are seeded (`feature_seed`, or the global seed when the model is built) and the 
 with the weights, so a resumed or evaluated model uses the same features. Numerical stabilisation as in the
 reference implementation: queries subtract their largest projection, keys the largest over the sequence
 (constants that cancel between numerator and normaliser); in decoding the recurrent state is rescaled when a
-new key raises that maximum. Unlike the reference, no eps is added inside the exponential, so cached decoding
-equals the full forward exactly.
+new key raises that maximum. Unlike the reference, no eps is added inside the exponential and the normaliser's
+eps is applied on the unscaled values, so the result does not depend on the stabilisers and cached decoding
+equals the full forward.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def draw_features(m: int, d: int, generator: torch.Generator, orthogonal: bool =
         return torch.randn(m, d, generator=generator)
     blocks = []
     for _ in range(-(-m // d)):
-        q, _ = torch.linalg.qr(torch.randn(d, d, generator=generator))
-        blocks.append(q.T)  # d orthonormal rows
+        q, r = torch.linalg.qr(torch.randn(d, d, generator=generator))
+        blocks.append((q * torch.sign(torch.diagonal(r))).T)  # d orthonormal rows, uniformly oriented (Haar)
     norms = torch.randn(m, d, generator=generator).norm(dim=1)  # chi(d): the norms iid Gaussian rows would have
     return torch.cat(blocks)[:m] * norms[:, None]
 
@@ -41,16 +42,14 @@ def draw_features(m: int, d: int, generator: torch.Generator, orthogonal: bool =
 def positive_features(x: Tensor, w: Tensor, stabilise: str | None = None) -> tuple[Tensor, Tensor | None]:
     """phi(x) = exp(w^T x' - |x'|^2 / 2) / sqrt(m), x' = x Dh^-1/4, for x (..., T, Dh) and w (m, Dh).
 
-    `stabilise`: "query" divides each row by exp(its largest projection), "key" every row by exp(the largest
-    over the sequence), returned as the log-scale m (..., 1, 1)."""
+    `stabilise`: "query" divides each row by exp(its largest projection), returned as the log-scale (..., T, 1);
+    "key" every row by exp(the largest over the sequence), returned as (..., 1, 1)."""
     x = x * x.shape[-1] ** -0.25
     proj = x @ w.T  # (..., T, m)
     arg = proj - (x * x).sum(-1, keepdim=True) / 2
     scale = None
-    if stabilise == "query":
-        arg = arg - proj.amax(dim=-1, keepdim=True).detach()
-    elif stabilise == "key":
-        scale = proj.amax(dim=(-1, -2), keepdim=True).detach()
+    if stabilise is not None:
+        scale = proj.amax(dim=-1 if stabilise == "query" else (-1, -2), keepdim=True).detach()
         arg = arg - scale
     return torch.exp(arg) / math.sqrt(w.shape[0]), scale
 
@@ -101,8 +100,8 @@ class PerformerAttention(FeatureMapAttention):
     def set_extra_state(self, state: dict[str, int]) -> None:
         self.seed, self.calls, self.draws = int(state["seed"]), int(state["calls"]), int(state["draws"])
 
-    def query_features(self, q: Tensor) -> Tensor:
-        return positive_features(q, self.features, "query")[0]
+    def query_features(self, q: Tensor) -> tuple[Tensor, Tensor | None]:
+        return positive_features(q, self.features, "query")
 
     def key_features(self, k: Tensor) -> tuple[Tensor, Tensor | None]:
         return positive_features(k, self.features, "key")
