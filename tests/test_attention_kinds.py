@@ -383,3 +383,24 @@ def test_every_strategy_decodes_the_same_with_and_without_the_cache(attention, k
         outs.append(generate(model, prompts, mask, cfg, eos_id=VOCAB + 5, pad_id=0, bos_id=1))
     assert torch.equal(outs[0].tokens, outs[1].tokens)
     torch.testing.assert_close(outs[0].scores, outs[1].scores, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("pos", ["none", "alibi", "relative"])
+def test_blocked_window_on_long_inputs_equals_the_dense_band(causal, pos):
+    from archsweep.variants.attention.base import AttnContext
+    from archsweep.variants.attention.sliding_window import SlidingWindowAttention
+    from archsweep.variants.pos import POS
+
+    torch.manual_seed(0)
+    b, h, t, d, w = 2, 4, 43, 8, 6  # 43 tokens: not a multiple of the window
+    q, k, v = torch.randn(b, h, t, d), torch.randn(b, 2, t, d), torch.randn(b, 2, t, d)
+    pad = torch.ones(b, t, dtype=torch.bool)
+    pad[1, 30:] = False
+    encoding = POS.build(pos, {"n_heads": h, "causal": causal, "head_dim": d, "max_seq_len": 64, "d_model": 32})
+    ctx = lambda: AttnContext(pad, causal, t, t, torch.arange(t)[None], None, encoding.attn_bias, None, q.device)
+    kernel = SlidingWindowAttention(0, causal, window=w)
+    blocked = kernel(q, k, v, ctx(), 0.0, None)
+    dense = kernel(q, k, v, ctx(), 0.0, [])  # recording probabilities takes the dense band path
+    real = pad[:, None, :, None].expand(b, h, t, d)
+    torch.testing.assert_close(blocked[real], dense[real], atol=1e-5, rtol=1e-5)

@@ -65,3 +65,25 @@ def test_a_name_and_a_target_that_disagree_are_refused():
     with pytest.raises(ValueError, match=r"name='alibi' but _target_=archsweep.variants.pos.rotary.Rotary is "
                                          r"registered as 'rotary'"):
         POS.resolve({"name": "alibi", "_target_": "archsweep.variants.pos.rotary.Rotary"})
+
+
+def test_core_never_names_a_variant():
+    """The framework asks the registries; no option name of a variant axis is a string literal in src/core
+    (docstrings aside; `none` is also an option of other things: logger=none, reduction="none")."""
+    import ast
+
+    from archsweep.variants.model import KIND
+
+    names = {n for registry in [*AXES.values(), KIND] for n in registry.names()} - {"none"}
+    found = []
+    for path in sorted((Path(__file__).parent.parent / "src" / "core").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                    and node.value in names:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not found, found

@@ -21,7 +21,8 @@ from torch.overrides import TorchFunctionMode
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.config import ModelConfig
-from archsweep.variants.attention import Attention, CrossAttention
+from archsweep.variants.attention.base import AttentionKernel
+from archsweep.variants.attention.layers import Attention, CrossAttention, SelfAttention
 from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
 from archsweep.variants.ffn import GatedFeedForward
@@ -62,7 +63,8 @@ def _enter_attention(rows: list[Row], current: list[tuple[str, str, str]], kind:
         shared = "" if module.n_kv_heads == module.n_heads else \
             f"  ({module.n_kv_heads} key/value heads, each shared by {module.n_heads // module.n_kv_heads})"
         current.append((q, k, shared))
-        rows.append((2, f"{kind}, {module.n_heads} heads", _shape(args[0]), f"B {q} D"))
+        label = f", {module.kernel.label}" if isinstance(module, SelfAttention) and module.kernel.label else ""
+        rows.append((2, f"{kind}, {module.n_heads} heads{label}", _shape(args[0]), f"B {q} D"))
 
     return hook
 
@@ -71,6 +73,24 @@ def _leave_attention(rows: list[Row], current: list[tuple[str, str, str]], q: st
     def hook(module: Attention, args: tuple, out: Tensor) -> None:
         current.pop()
         rows.append((3, "concat heads, out_proj", _shape(out), f"B {q} D"))
+
+    return hook
+
+
+def _kernel_rows(rows: list[Row], q_name: str, rotated: bool) -> Callable:
+    """Rows of an attention kind that forms no score matrix (kernel attention): its features and state."""
+    def hook(module: AttentionKernel, args: tuple, out: Tensor) -> None:
+        q, k = args[0], args[1]
+        f = module.n_features(q.shape[-1])
+        shape = lambda x: (*x.shape[:-1], f)
+        rows.extend([
+            (3, f"Q  (split into heads{'; Q and K rotated' if rotated else ''})", tuple(q.shape), f"B H {q_name} Dh"),
+            (3, "K, V", tuple(k.shape), f"B Hkv {q_name} Dh"),
+            (3, "phi(Q), phi(K)  (feature maps)", shape(q), f"B H {q_name} Fm"),
+            (3, "S = sum phi(K)^T V, z = sum phi(K)  (no T x T scores)", (q.shape[0], q.shape[1], f, q.shape[-1]),
+             "B H Fm Dh"),
+            (3, "phi(Q) S / (phi(Q) z + eps)", tuple(out.shape), f"B H {q_name} Dh"),
+        ])
 
     return hook
 
@@ -113,6 +133,8 @@ def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tu
                 else ("masked " if module_is_causal(model, stack) else "") + "self-attention"
             on(module, _enter_attention(rows, current, kind, t, keys), pre=True)
             on(module, _leave_attention(rows, current, t))
+        elif isinstance(module, AttentionKernel) and not module.forms_scores:
+            on(module, _kernel_rows(rows, t, cfg.variant("pos").rotates()))
         elif isinstance(module, Residual):
             on(module, lambda m, a, o, q=t: rows.append((2, placement, _shape(o), f"B {q} D")))
         elif name.endswith(("ffn.up_proj", "ffn.gate_proj")):
@@ -140,6 +162,9 @@ def _legend(model: nn.Module, cfg: ModelConfig, batch: dict[str, Any]) -> str:
     gated = [m for m in model.modules() if isinstance(m, GatedFeedForward)]
     if gated:
         dims.insert(-1, f"Fg={gated[0].hidden_size} gated hidden size")
+    kernels = [m for m in model.modules() if isinstance(m, AttentionKernel) and not m.forms_scores]
+    if kernels:
+        dims.insert(-1, f"Fm={kernels[0].n_features(cfg.head_dim)} features per head")
     return ", ".join(dims)
 
 
@@ -175,6 +200,7 @@ def trace_shapes(cfg: ModelConfig, task: Task, seed: int) -> str:
     batch = next(iter(task.dataloader("train", cfg.kind, seed)))
     rows = trace_rows(model, batch, task.forward_fn(cfg.kind))
     head = (f"shape trace: {cfg.kind}, norm={cfg.choice('norm')}, pos={cfg.choice('pos')}, ffn={cfg.choice('ffn')}, "
+            f"attention={cfg.choice('attention')}, "
             f"{count_parameters(model):,} parameters, one training batch\n{_legend(model, cfg, batch)}\n")
     inputs = "\n".join(f"batch[{k!r}]".ljust(63) + str(tuple(v.shape))
                        for k, v in batch.items() if isinstance(v, Tensor))

@@ -70,7 +70,7 @@ class PerformerAttention(FeatureMapAttention):
         self.seed = feature_seed if feature_seed is not None else torch.initial_seed() % 2**31
         self.calls, self.draws = 0, 0  # training forwards since the last draw; draws so far
         self.register_buffer("features", self._draw(), persistent=True)
-        self.label = f"Performer FAVOR+, {self.m} random features"
+        self.label = f"Performer, {self.m} features"
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:

@@ -6,7 +6,9 @@ Causal: key j is visible from query i iff i - window < j <= i. Bidirectional (en
 three windowed layers then one full one. Decoding keeps a rolling cache of the last `window - 1` keys and values
 in local layers, so their memory stays constant however long the generation.
 
-Backends: `sdpa` (a boolean band mask, any device); `flex` (FlexAttention with a block mask, which skips the
+Without a cache and on inputs longer than twice the window, queries are processed in blocks of `window`, each
+against its neighbouring key blocks only (the chunked form of Longformer), so time and memory grow as T x window.
+Otherwise backends: `sdpa` (a boolean band mask over all keys, any device); `flex` (FlexAttention with a block mask, which skips the
 blocks outside the band; compiled on GPUs); `auto` takes `flex` on CUDA when nothing needs the explicit path
 (no score bias, no attention dropout, no recorded maps) and `sdpa` otherwise. Both give the same outputs.
 """
@@ -17,10 +19,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from archsweep.variants.attention import ATTENTION
-from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend, combine_mask, mean_keys
+from archsweep.variants.attention.base import (AttentionKernel, AttnContext, attend, combine_mask, mean_keys,
+                                               repeat_kv)
 
 BACKENDS = ("auto", "sdpa", "flex")
 _compiled_flex: Any = None
@@ -35,7 +39,7 @@ def band(q_len: int, n_keys: int, window: int, causal: bool, device: torch.devic
 
 @ATTENTION.register("sliding_window")
 class SlidingWindowAttention(AttentionKernel):
-    def __init__(self, layer: int, causal: bool, window: int = 64, layer_pattern: str = "L",
+    def __init__(self, layer: int, causal: bool, window: int = 16, layer_pattern: str = "L",
                  backend: str = "auto") -> None:
         super().__init__()
         self.layer, self.causal, self.window, self.backend = layer, causal, window, backend
@@ -64,12 +68,42 @@ class SlidingWindowAttention(AttentionKernel):
         if ctx.cache is not None:
             k, v = self._roll(ctx, k, v)  # (B, Hkv, kept + Tq, Dh)
         n_keys = k.shape[2]
+        if ctx.cache is None and record is None and self.backend != "flex" and n_keys > 2 * self.window:
+            return self._blocked(q, k, v, ctx, dropout)
         bias = ctx.bias(n_keys)
         if self._use_flex(q, bias, dropout, record):
             return self._flex(q, k, v, ctx)
         mask = ctx.once(("window", self.window, n_keys), lambda: combine_mask(
             band(ctx.q_len, n_keys, self.window, self.causal, ctx.device), ctx.key_padding(n_keys), bias))
         return attend(q, k, v, mask, False, dropout, record)
+
+    def _blocked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float) -> Tensor:
+        """Long inputs: queries in blocks of `window`, each attending to its own and the neighbouring key blocks
+        (the previous one; the next one too when bidirectional), so time and memory grow as T * window."""
+        w, (b, h, t, d) = self.window, q.shape
+        k, v = repeat_kv(q, k, v)
+        n = -(-t // w)
+        span = 2 if self.causal else 3  # key blocks per query block
+        before, after = w, n * w - t + (0 if self.causal else w)
+        qb = F.pad(q, (0, 0, 0, n * w - t)).view(b, h, n, w, d)
+        kb, vb = ((F.pad(x, (0, 0, before, after)).unfold(2, span * w, w).transpose(-1, -2)) for x in (k, v))
+        mask = ctx.once(("blocked", w, t), lambda: self._block_mask(ctx, n, span))  # (B or 1, H or 1, n, w, S)
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)  # (B, H, n, w, Dh)
+        return out.reshape(b, h, n * w, d)[:, :, :t]
+
+    def _block_mask(self, ctx: AttnContext, n: int, span: int) -> Tensor:
+        w, t = self.window, ctx.q_len
+        slot = torch.arange(span * w, device=ctx.device)
+        distance = slot[None, :] - w - torch.arange(w, device=ctx.device)[:, None]  # key - query, (w, S)
+        keep = (distance > -w) & (distance <= 0 if self.causal else distance < w)
+        real = ctx.pad_mask if ctx.pad_mask is not None else torch.ones(1, t, dtype=torch.bool, device=ctx.device)
+        real = F.pad(real, (w, n * w - t + (0 if self.causal else w)), value=False).unfold(1, span * w, w)
+        keep = keep & real[:, None, :, None, :]  # (B or 1, 1, n, w, S): keys outside the input are masked
+        keep = keep | ~keep.any(dim=-1, keepdim=True)
+        bias = ctx.score_bias(span * w - w, span * w, ctx.device)  # queries at slots w .. 2w - 1 come first
+        if bias is None:
+            return keep
+        return bias[:, :, None, :w].masked_fill(~keep, float("-inf"))
 
     def _roll(self, ctx: AttnContext, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Prepend the kept keys/values; keep the last window - 1 for the next step."""
