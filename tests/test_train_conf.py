@@ -32,19 +32,19 @@ def compose_train(*overrides: str):
 
 
 def test_every_group_has_options():
-    for group in ["model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "callbacks",
-                  "experiment"]:
+    for group in ["model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger",
+                  "callbacks", "experiment"]:
         assert list((CONF / group).glob("*.yaml")), group
 
 
-@pytest.mark.parametrize("choice", options("model", "norm", "pos", "ffn", "task", "experiment"))
+@pytest.mark.parametrize("choice", options("model", "norm", "pos", "ffn", "attention", "task", "experiment"))
 def test_option_builds_and_runs_forward(choice):
     cfg = compose_train(choice, *TINY)
     task = build_task(cfg)
     model_cfg = model_config(cfg, task)
     check_training(cfg)
     group, option = choice.split("=")
-    if group in ("norm", "pos", "ffn"):
+    if group in ("norm", "pos", "ffn", "attention"):
         assert model_cfg.choice(group) == option  # the yaml sets the ModelConfig field of its axis
     if group == "model":
         assert model_cfg.kind == option
@@ -54,6 +54,22 @@ def test_option_builds_and_runs_forward(choice):
     labels = batch["labels"]
     assert logits.shape == (*labels.shape, model_cfg.vocab_size)
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("attention", options("attention"))
+def test_every_attention_kind_trains_with_every_model_kind(model, attention):
+    cfg = compose_train(model, attention, "task=copy", *TINY)
+    task = build_task(cfg)
+    model_cfg = model_config(cfg, task)
+    check_training(cfg)
+    assert model_cfg.choice("attention") == attention.split("=")[1]
+    net = build_model(model_cfg)
+    batch = next(iter(task.dataloader("train", model_cfg.kind, seed=0)))
+    logits = task.forward_fn(model_cfg.kind)(net, batch)
+    loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
     loss.backward()
     assert torch.isfinite(loss)
 

@@ -30,7 +30,7 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length",
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
-GROUPS = {"model", "norm", "pos", "ffn", "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",
+GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",
           "experiment", "hparams_search"}
 
 
