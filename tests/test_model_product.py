@@ -29,7 +29,7 @@ def test_every_combination_trains(kind, norm, pos, ffn, attention):
     cfg = ModelConfig(kind=kind, norm=norm, pos=pos, ffn=ffn, norm_type=norm_type, vocab_size=13, d_model=16,
                       n_heads=2, n_layers=2, d_ff=32, max_seq_len=16, dropout=0.1, n_classes=3,
                       attention={"name": attention, **ATTENTION_OPTIONS.get(attention, {})})
-    if not ATTENTION.get(attention).forms_scores and POS.get(pos).adds_bias():
+    if not ATTENTION.get(attention).forms_scores and POS.get(pos).score_bias:
         with pytest.raises(ValueError, match=f"attention={attention} never forms the score matrix.*pos={pos}"):
             cfg.validate()
         return

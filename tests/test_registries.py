@@ -87,3 +87,31 @@ def test_core_never_names_a_variant():
                     and node.value in names:
                 found.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert not found, found
+
+
+def test_what_the_sources_declare_matches_the_imported_classes():
+    from archsweep.variants.attention import ATTENTION
+    from archsweep.variants.pos.base import PositionalEncoding
+
+    for name in POS.names():
+        cls = POS.get(name)
+        assert cls.score_bias == (cls.attn_bias is not PositionalEncoding.attn_bias), name  # the flag tells the truth
+        fresh = Registry("pos", "archsweep.variants.pos", "sinusoidal")  # reads sources, imports nothing
+        assert fresh.declared(name, "score_bias") == cls.score_bias, name
+    for name in ATTENTION.names():
+        fresh = Registry("attention", "archsweep.variants.attention", "full")
+        assert fresh.declared(name, "forms_scores") == ATTENTION.get(name).forms_scores, name
+        target = {"_target_": f"{ATTENTION.get(name).__module__}.{ATTENTION.get(name).__qualname__}"}
+        assert fresh.static_name(target) == name
+    assert sorted(Registry("pos", "archsweep.variants.pos", "x").declared_names()) == POS.names()
+
+
+def test_a_cross_axis_refusal_comes_before_torch_is_imported():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom archsweep.core.model.config import ModelConfig\n"
+            "try:\n    ModelConfig(vocab_size=9, attention='performer', pos='alibi').validate()\n"
+            "except ValueError as e:\n    print(e)\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "attention=performer never forms the score matrix" in out and out.strip().endswith("False"), out

@@ -21,7 +21,7 @@ from archsweep.variants.ffn import FFN
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM, NORM_TYPES
 from archsweep.variants.pos import POS
-from archsweep.variants.registry import Registry, close_match
+from archsweep.variants.registry import Choices, Registry, close_match
 
 INITS = ("xavier", "gpt2")
 STRATEGIES = ("greedy", "beam", "sample")
@@ -139,6 +139,7 @@ class ModelConfig:
         self._check_sizes()
         self._check_heads()
         self._check_dropouts()
+        self._check_rules(resolved=False)
         KIND.get(self.kind)
         for axis, registry in AXES.items():
             setattr(self, axis, registry.spec(getattr(self, axis)))
@@ -147,12 +148,17 @@ class ModelConfig:
         self.variant("kind").check(sizes, {})
         for axis in AXES:
             self.variant(axis).check(sizes, self.options(axis))
-        chosen = {axis: (self.choice(axis), self.variant(axis)) for axis in AXES}
-        for axis in AXES:  # a variant that cannot work with another axis' choice says so
-            check_together = getattr(self.variant(axis), "check_together", None)
-            if check_together is not None:
-                check_together(chosen, self.options(axis))
+        self._check_rules(resolved=True)
         return self
+
+    def _check_rules(self, resolved: bool) -> None:
+        """The families' rules across axes: before any variant is imported on what their sources declare (fast),
+        and once resolved on the classes themselves (variants from outside the package included)."""
+        classes = {axis: self.variant(axis) for axis in AXES} if resolved else None
+        choices = Choices({axis: getattr(self, axis) for axis in AXES}, AXES, classes)
+        for registry in AXES.values():
+            for rule in registry.rules:
+                rule(choices)
 
     def _check_sizes(self) -> None:
         positive = ["vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "n_classes"]

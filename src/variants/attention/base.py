@@ -124,21 +124,6 @@ class AttentionKernel(nn.Module):
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
         """Raise ValueError (naming the field, the value and the fix) if the sizes or options cannot work."""
 
-    @classmethod
-    def check_together(cls, chosen: Mapping[str, tuple[str, type]], options: Mapping[str, Any]) -> None:
-        """Refuse a combination with another axis' choice ({axis: (option name, class)})."""
-        pos_name, pos_cls = chosen["pos"]
-        if cls.forms_scores or not pos_cls.adds_bias():
-            return
-        from archsweep.variants.attention import ATTENTION
-        from archsweep.variants.pos import POS
-
-        fine_pos = [n for n in POS.names() if not POS.get(n).adds_bias()]
-        scoring = [n for n in ATTENTION.names() if ATTENTION.get(n).forms_scores]
-        raise ValueError(f"attention={cls.option_name} never forms the score matrix Q K^T, so pos={pos_name} (an "
-                         f"additive bias on the scores) has nothing to act on; choose pos={' or '.join(fine_pos)}, "
-                         f"or attention={' or '.join(scoring)}")
-
     def on_forward(self) -> None:
         """Called once per training forward of the stack, outside activation checkpointing (random features)."""
 

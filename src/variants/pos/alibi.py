@@ -29,6 +29,8 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 @POS.register("alibi")
 class ALiBi(PositionalEncoding):
+    score_bias = True
+
     def __init__(self, n_heads: int) -> None:
         super().__init__()
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)

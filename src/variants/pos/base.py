@@ -24,6 +24,7 @@ from torch import Tensor, nn
 class PositionalEncoding(nn.Module):
     max_len: int | None = None  # longest sequence supported, None = unbounded
     trace_label: ClassVar[str | None] = None  # shape trace: what `embed` adds (None: acts inside attention)
+    score_bias: ClassVar[bool] = False  # True where `attn_bias` returns a bias (it needs a score matrix Q K^T)
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
@@ -48,10 +49,6 @@ class PositionalEncoding(nn.Module):
     def rotates(cls) -> bool:
         return cls.rotate_qk is not PositionalEncoding.rotate_qk
 
-    @classmethod
-    def adds_bias(cls) -> bool:
-        """Whether the encoding acts as an additive bias on the attention scores (needs a score matrix)."""
-        return cls.attn_bias is not PositionalEncoding.attn_bias
 
 
 def query_key_distance(q_len: int, k_len: int, device: torch.device) -> Tensor:

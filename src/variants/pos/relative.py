@@ -36,6 +36,8 @@ def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max
 
 @POS.register("relative")
 class RelativeBias(PositionalEncoding):
+    score_bias = True
+
     def __init__(self, n_heads: int, causal: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()
         self.bidirectional = not causal
