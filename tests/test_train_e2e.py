@@ -28,7 +28,7 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
 RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length",
                "name", "group", "run_dir", "choices", "overrides", "seed", "params", "steps",
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
-               "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id"}
+               "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
 GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",
           "experiment", "hparams_search"}
@@ -82,6 +82,7 @@ def test_single_run_writes_its_directory(tmp_path):
     assert set(res["choices"]) == GROUPS
     assert res["choices"]["model"] == "encoder_decoder" and res["choices"]["norm"] == "post"
     assert res["tokens_per_s"] > 0 and res["wall_time_s"] > res["fit_time_s"] > 0
+    assert 50 < res["peak_memory_mib"] < 20_000  # this process's peak resident set during the run, in MiB
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
     assert "vocab_size: 20" in (run_dir / "config.yaml").read_text()  # filled in from the task
     assert max(train_losses(run_dir)) == 19  # metrics.csv counts steps from 0, as Lightning does

@@ -99,7 +99,7 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     order = choose_sort(sort, columns, available, tgt is not None)
     if order.key not in columns and order.key != "target" and order.key in available:
         columns.append(order.key)
-    columns += [k for k in ("tokens_per_s", "params") if k in available and k not in columns]
+    columns += [k for k in ("tokens_per_s", "peak_memory_mib", "params") if k in available and k not in columns]
     cells = group_cells(runs, keys)
     for cell in cells:
         aggregate(cell, columns, tgt)

@@ -15,8 +15,8 @@ from typing import Any
 from archsweep.core.report.cells import Cell, SortKey, Stat, Target
 from archsweep.core.report.runs import Run, Skipped
 
-COUNTS = ("tokens_per_s", "params")  # shown last, as whole numbers, without a deviation
-HEADERS = {"tokens_per_s": "tokens/s"}
+COUNTS = ("tokens_per_s", "peak_memory_mib", "params")  # shown last, as whole numbers, without a deviation
+HEADERS = {"tokens_per_s": "tokens/s", "peak_memory_mib": "peak MiB"}
 
 
 @dataclass

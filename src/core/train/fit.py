@@ -31,6 +31,7 @@ from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
 from archsweep.core.train.lit import LitModel
+from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import Setup, write_json
@@ -161,6 +162,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         log.info(f"run {info.name!r} in {info.run_dir}: {setup.model_cfg.kind}, {n_params:,} parameters"
                  + (f", resuming from {setup.ckpt_path}" if setup.ckpt_path else ""))
     data = TaskData(setup.task, setup.model_cfg.kind, cfg.seed)
+    reset_peak()
     fit_start = time.time()
     trainer.fit(lit, datamodule=data, ckpt_path=str(setup.ckpt_path) if setup.ckpt_path else None)
     fit_s = time.time() - fit_start
@@ -180,6 +182,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             "best_checkpoint": best,
             "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
             "tokens_per_s": progress.tokens_per_s * trainer.world_size,
+            "peak_memory_mib": peak_mib(lit.device),  # of this process (rank 0); see core/train/memory.py
             "train_time_s": progress.train_s, "fit_time_s": fit_s, "wall_time_s": time.time() - start_time,
             "time_to_first_step_s": progress.first_step_s, "world_size": trainer.world_size,
             "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id,
