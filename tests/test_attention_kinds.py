@@ -404,3 +404,27 @@ def test_blocked_window_on_long_inputs_equals_the_dense_band(causal, pos):
     dense = kernel(q, k, v, ctx(), 0.0, [])  # recording probabilities takes the dense band path
     real = pad[:, None, :, None].expand(b, h, t, d)
     torch.testing.assert_close(blocked[real], dense[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["linear", "performer", {"name": "sliding_window", "window": 4}])
+def test_generation_memory_does_not_grow_with_the_generated_length(attention, monkeypatch):
+    """generate() on kernel and local kinds keeps the recurrent state / rolling window, never a growing cache."""
+    from archsweep.core.eval import generation
+    from archsweep.core.eval.generation import DecodingConfig, generate
+
+    sizes: list[int] = []
+
+    class Recording(KVCache):
+        def advance(self, n: int) -> None:
+            super().advance(n)
+            sizes.append(self.nbytes())
+
+        def append(self, layer, k, v):
+            raise AssertionError("a growing key/value buffer was used")
+
+    monkeypatch.setattr(generation, "KVCache", Recording)
+    model = tiny("decoder_only", attention, pos="rotary")
+    cfg = DecodingConfig(strategy="greedy", max_new_tokens=40)
+    out = generate(model, tokens(2, 5), None, cfg, eos_id=VOCAB + 5, pad_id=0)
+    assert out.tokens.shape[-1] == 40 and len(sizes) == 40  # the prompt, then a step per token but the last
+    assert len(set(sizes[5:])) == 1  # constant once the window is full (at once for the recurrent state)
