@@ -88,6 +88,7 @@ class PerformerAttention(FeatureMapAttention):
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.layer * 10_007 + self.draws) % 2**63)
         return draw_features(self.m, self.head_dim, generator, self.orthogonal)
 
+    @torch.compiler.disable  # a Python counter: run eagerly, so a compiled model neither breaks nor recompiles on it
     def on_forward(self) -> None:
         self.calls += 1
         if self.redraw_every and self.calls % self.redraw_every == 0:
