@@ -38,7 +38,7 @@ T = TypeVar("T")
 # what the builder knows about the place it builds a part for.
 STRUCTURAL = frozenset({
     "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "dropout", "attn_dropout", "bias",
-    "n_layers", "n_decoder_layers", "vocab_size", "norm_type", "norm_eps",
+    "n_layers", "n_decoder_layers", "vocab_size", "norm_type", "norm_eps", "image_size", "patch_size",
     "causal", "role", "make_norm", "layer",
 })
 

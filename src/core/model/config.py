@@ -71,6 +71,12 @@ class ModelConfig:
     n_classes: int = 2  # pooled sequence head of a bidirectional kind
     pooling: str = "cls"  # cls (first token, BERT) | mean (over real tokens)
 
+    # image kinds (their `own_fields`; an image task sets the sizes of its images)
+    image_size: int | list[int] | None = None  # [H, W] of the input images (one int: square)
+    patch_size: int = 16  # P: the image is cut into P x P patches (the paper's ViT-B/16)
+    in_channels: int = 3  # C: colour channels of the input images
+    head_hidden: int | None = None  # hidden width of the MLP head (dense + tanh); None: one linear layer
+
     activation_checkpointing: bool = False
 
     @property
