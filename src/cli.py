@@ -20,6 +20,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from archsweep import conf_dir  # noqa: E402
 from archsweep.core.data.tasks.known import EXTRA_CONF_ENV  # noqa: E402  (more config folders, e.g. your variants)
+from archsweep.core.train import rundir  # noqa: E402, F401  (registers ${unique:} for the run directory names)
 
 CONF = str(conf_dir())
 
@@ -59,9 +60,12 @@ def _checkpoint_entry(name: str):
 
     @hydra.main(version_base="1.3", config_path=CONF, config_name=name)
     def main(cfg: DictConfig) -> None:
-        from archsweep.core.eval import inference
+        from archsweep.core.model.checkpoint import check_checkpoint_file, resolve_checkpoint
 
         try:
+            check_checkpoint_file(resolve_checkpoint(cfg.ckpt, "evaluate"))  # before torch: a wrong file answers fast
+            from archsweep.core.eval import inference
+
             getattr(inference, f"run_{name}")(cfg)
         except ValueError as e:
             raise SystemExit(f"error: {e}") from None
@@ -84,9 +88,16 @@ def generate() -> None:
     _generate()
 
 
+def task_overrides_without_plus(argv: list[str]) -> list[str]:
+    """evaluate.py's `task.<field>=value` overrides the checkpoint's task settings, which the entry config does not
+    list (`task: {}`): given as `++task.<field>=value`, Hydra adds or replaces the key instead of refusing it."""
+    return [f"++{a}" if a.startswith("task.") and "=" in a else a for a in argv]
+
+
 def evaluate() -> None:
     """Test-set metrics of a train.py checkpoint, overall and by source length (README: Decoding and
     evaluation)."""
+    sys.argv[1:] = task_overrides_without_plus(sys.argv[1:])
     _evaluate()
 
 

@@ -3,7 +3,9 @@
 An entry is a folder `<cache dir>/<name>-<key>/`, where the key hashes the contents of every input file, the
 settings that shape the result and FORMAT_VERSION. It is built in a temporary folder next to it, gets a `COMPLETE`
 marker as its last file, and is then renamed into place: a preparation that is interrupted (or fails on bad input)
-leaves at most a `.tmp-*` folder, which no later run reads, and a folder without the marker is rebuilt.
+leaves at most a `.tmp-*` folder, which no later run reads (and the next preparation in that cache removes, once
+the process that made it has ended), and a folder without the marker is rebuilt. The marker lists every file's
+size: an entry whose files no longer have them (truncated by a full disk or a partial copy) is rebuilt too.
 """
 
 from __future__ import annotations
@@ -42,24 +44,64 @@ def say(msg: str) -> None:
     print(f"[data] {msg}", file=sys.stderr, flush=True)
 
 
-def prepared(root: Path, name: str, files: list[Path], settings: dict[str, Any],
+def damaged_files(entry: Path) -> list[str]:
+    """Files of a complete entry whose size differs from the one its marker lists (or that are missing). An
+    entry written before the marker listed sizes is taken as it is."""
+    try:
+        sizes = json.loads((entry / MARKER).read_text()).get("sizes", {})
+    except (ValueError, AttributeError):
+        return []
+    damaged = []
+    for rel, size in sizes.items():
+        path = entry / rel
+        if not path.is_file() or path.stat().st_size != size:
+            damaged.append(rel)
+    return damaged
+
+
+def remove_stale_builds(root: Path) -> None:
+    """Remove `.tmp-*-pid<pid>-*` folders of builds whose process has ended (killed mid-preparation)."""
+    for tmp in root.glob(".tmp-*"):
+        pid = next((part[3:] for part in tmp.name.split("-") if part.startswith("pid") and part[3:].isdigit()), None)
+        if pid is None or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still building
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        say(f"removed {tmp}, left by an interrupted preparation (process {pid})")
+
+
+def prepared(root: str | Path, name: str, files: list[str | Path], settings: dict[str, Any],
              build: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
     """The cache entry for (files, settings), built by `build(tmp_dir) -> info` if missing. Returns the entry's
-    folder and its info (what `build` returned, saved as info.json)."""
+    folder and its info (what `build` returned, saved as info.json). Paths may be str or Path."""
+    root, files = Path(root), [Path(f) for f in files]
     key = cache_key(files, settings)
     entry = root / f"{name}-{key}"
     if (entry / MARKER).is_file():
-        return entry, json.loads((entry / "info.json").read_text())
+        damaged = damaged_files(entry)
+        if not damaged:
+            return entry, json.loads((entry / "info.json").read_text())
+        say(f"{entry} is damaged ({', '.join(damaged[:3])} not the size it was written with: truncated?); "
+            f"rebuilding it")
+        shutil.rmtree(entry, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
+    remove_stale_builds(root)
     start = time.time()
     say(f"preparing {name} from {', '.join(map(str, files))} into {entry} (once; later runs reuse it)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-{key}-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-{key}-pid{os.getpid()}-", dir=root))
     try:
         info = build(tmp)
         (tmp / "info.json").write_text(json.dumps({**info, "settings": settings}, indent=1))
-        (tmp / MARKER).write_text(f"format {FORMAT_VERSION}\n")
+        sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+        (tmp / MARKER).write_text(json.dumps({"format": FORMAT_VERSION, "sizes": sizes}, indent=1) + "\n")
         if entry.exists():  # a folder without the marker (not ours: renames are atomic), or a concurrent builder
-            if (entry / MARKER).is_file():
+            if (entry / MARKER).is_file() and not damaged_files(entry):
                 shutil.rmtree(tmp)
                 return entry, json.loads((entry / "info.json").read_text())
             shutil.rmtree(entry)

@@ -8,7 +8,8 @@ reference. Plain PyTorch and torchmetrics; no Lightning.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,15 +82,38 @@ class DecodeResults:
         return 100.0 * float(SacreBLEUScore()(self.hypotheses, [[r] for r in self.references]))
 
 
+SAMPLE_SEED = 0  # the decoded sample of a split is the same for every run, whatever its training seed
+
+
+def decode_sample(batches: Iterable[dict[str, Any]], size: int | None) -> list[list[int]]:
+    """Which rows of each batch of a split to decode: all of them (`size` None, or at least the split's length),
+    else `size` examples drawn at random (seeded by SAMPLE_SEED) from the whole split, so that the sample spans
+    every length even when batches are sorted by length. Training's val/bleu and evaluate.py's `decode_limit`
+    use it alike, so both decode the same examples."""
+    sizes = [int(b["labels"].shape[0]) for b in batches]
+    total = sum(sizes)
+    chosen = set(range(total)) if size is None or size >= total else set(random.Random(SAMPLE_SEED).sample(
+        range(total), size))
+    rows, start = [], 0
+    for n in sizes:
+        rows.append([i - start for i in range(start, start + n) if i in chosen])
+        start += n
+    return rows
+
+
 @torch.no_grad()
 def decode_batch(model: nn.Module, batch: dict[str, Any], kind: str, cfg: DecodingConfig, *, pad_id: int,
                  bos_id: int, eos_id: int, to_text: Callable[[list[int], str], str], results: DecodeResults,
-                 limit: int | None = None) -> list[bool]:
-    """Decode (up to `limit` rows of) one batch and add its examples to `results`; returns each decoded row's
-    exact match."""
+                 limit: int | None = None, rows: list[int] | None = None) -> list[bool]:
+    """Decode the rows `rows` of one batch (default: all, or the first `limit`) and add their examples to
+    `results`; returns each decoded row's exact match, in the order of `rows`."""
     inputs, mask, references = prompts_and_references(batch, kind)
+    if rows is not None:
+        inputs, mask, references = inputs[rows], mask[rows], [references[i] for i in rows]
     if limit is not None:
         inputs, mask, references = inputs[:limit], mask[:limit], references[:limit]
+    if not references:
+        return []
     longest = max(len(r) for r in references)
     cfg = DecodingConfig(**{**cfg.__dict__, "max_new_tokens": max(cfg.max_new_tokens, longest + 1)})
     out = generate(model, inputs, mask, cfg, eos_id=eos_id, pad_id=pad_id, bos_id=bos_id)

@@ -18,7 +18,7 @@ from torch import nn
 from archsweep.core.data.codec import Codec, codec_from_state, codec_state_for
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.data.tasks.known import check_task_target
-from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, strip
+from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, decode_sample, strip
 from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
@@ -60,7 +60,10 @@ def task_from_config(task_cfg: dict[str, Any], where: str):
     from hydra.utils import instantiate
 
     check_task_target(task_cfg, where)
-    task = instantiate(OmegaConf.create(task_cfg), _recursive_=False)
+    try:
+        task = instantiate(OmegaConf.create(task_cfg), _recursive_=False)
+    except Exception as e:  # Hydra wraps the constructor's TypeError / ValueError (a task.<field> it does not take)
+        raise ValueError(f"task: {e.__cause__ or e}") from None
     if not isinstance(task, Task):
         raise ValueError(f"{where}: task._target_={task_cfg['_target_']} does not build a task")
     return task
@@ -83,7 +86,27 @@ def encode_prompts(loaded: Loaded, texts: list[str], device: torch.device) -> tu
     return tokens.to(device), (torch.arange(width)[None, :] < lengths[:, None]).to(device)
 
 
+ENTRY_KEYS = {"evaluate": ("ckpt", "task", "splits", "decode_limit", "buckets", "seed", "device", "output", "decoding"),
+              "generate": ("ckpt", "prompt", "prompts", "device", "decoding")}  # conf/<entry>.yaml
+
+
+def check_entry_keys(cfg: DictConfig, entry: str) -> None:
+    """Refuse settings added with `+` that the entry point does not read (they would be ignored silently)."""
+    extra = [k for k in cfg if k not in ENTRY_KEYS[entry]]
+    if not extra:
+        return
+    key = extra[0]
+    if key == "model":
+        fields = ", ".join(f"model.{k}" for k in cfg.model) if isinstance(cfg.model, DictConfig) else "model"
+        raise ValueError(f"{fields}: model settings do not apply in {entry}.py; the model is rebuilt from the "
+                         f"checkpoint exactly as it was trained. Remove the +model... override (task.<field>=... "
+                         f"changes the data{' it is evaluated on' if entry == 'evaluate' else ''})")
+    raise ValueError(f"{key}: {entry}.py has no such setting, so it would be ignored; its settings are "
+                     f"{', '.join(ENTRY_KEYS[entry])} (see {entry}.py --help)")
+
+
 def run_generate(cfg: DictConfig) -> list[list[tuple[str, float]]]:
+    check_entry_keys(cfg, "generate")
     texts = list(cfg.prompts) or ([cfg.prompt] if cfg.prompt is not None else [])
     if not texts:
         raise ValueError("give prompt=\"...\" or prompts='[\"...\", \"...\"]' to decode from")
@@ -135,17 +158,18 @@ def evaluate_split(loaded: Loaded, task, split: str, decoding: DecodingConfig, d
     decodes = state["seq2seq"] and form_of(kind) != BIDIRECTIONAL
     results = DecodeResults(keep_examples=3) if decodes else None
     metrics, lengths = SplitMetrics().to(device), LengthTable(task.max_input_len(kind)).to(device)
+    sample = decode_sample(task.dataloader(split, kind, seed), decode_limit) if decodes else None
     with torch.no_grad():
-        for batch in task.dataloader(split, kind, seed):
+        for index, batch in enumerate(task.dataloader(split, kind, seed)):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             stats = row_stats(forward(loaded.model, batch), batch["labels"])
-            if decodes and (decode_limit is None or results.total < decode_limit):
-                limit = None if decode_limit is None else decode_limit - results.total
+            if sample is not None and sample[index]:
+                rows = sample[index]
                 decoded = decode_batch(loaded.model, batch, kind, decoding, pad_id=state["pad_id"],
                                        bos_id=state["bos_id"], eos_id=state["eos_id"], to_text=loaded.codec.decode,
-                                       results=results, limit=limit)
+                                       results=results, rows=rows)
                 exact = stats.exact.clone()
-                exact[: len(decoded)] = torch.tensor(decoded, dtype=torch.bool, device=exact.device)
+                exact[rows] = torch.tensor(decoded, dtype=torch.bool, device=exact.device)
                 stats = dataclasses.replace(stats, exact=exact)
             metrics.update(stats)
             src_len = batch["src_len"] if "src_len" in batch else source_lengths(batch, kind)
@@ -166,6 +190,7 @@ def length_table(split: str, lengths: LengthTable, buckets: int) -> list[dict[st
 
 
 def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
+    check_entry_keys(cfg, "evaluate")
     decoding = decoding_config(cfg.decoding)
     device = pick_device(cfg.device)
     loaded = load(cfg.ckpt, device)

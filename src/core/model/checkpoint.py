@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,22 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        if not _disk_full(e):
+            raise
+        import shutil
+
+        free = shutil.disk_usage(path.parent).free
+        raise OSError(errno.ENOSPC, f"cannot write the checkpoint {path}: the disk is full ({free / 2**20:.1f} MiB "
+                                    f"free in {path.parent}); the previous {path.name}, if any, is intact. Free "
+                                    f"some space, or give output_root= a disk with room, and resume") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _disk_full(error: BaseException) -> bool:
+    return (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+            or "No space left on device" in str(error) or "Disk quota exceeded" in str(error))
 
 
 def _resume_key(overrides: list[str]) -> list[str]:

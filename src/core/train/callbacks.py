@@ -1,9 +1,12 @@
-"""Lightning callbacks and plugins of train.py: progress lines with throughput, and atomic checkpoint writes."""
+"""Lightning callbacks and plugins of train.py: progress lines with throughput, atomic checkpoint writes, and a
+stop on SIGTERM / SIGINT that leaves a checkpoint at the current step."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -92,3 +95,52 @@ class Progress(L.Callback):
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.train_s if self.train_s else 0.0
+
+
+class Interrupted(Exception):
+    """Training stopped by a signal; `last.ckpt` holds the state after `step` optimiser steps."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str | None) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
+class StopOnSignal(L.Callback):
+    """SIGTERM (a scheduler's notice before a time-out) or SIGINT (Ctrl+C) during training: the step in progress
+    completes (and one more when a validation is due after it); last.ckpt is written then and `Interrupted` raised,
+    which fit.py turns into results.json `status: interrupted` and a non-zero exit. Resuming from that checkpoint
+    continues exactly. A second SIGINT stops at once. With several processes (DDP), Lightning's own SIGTERM
+    handling stops them all, and fit.py reports the last saved checkpoint."""
+
+    def __init__(self, last_path: str | Path) -> None:
+        self.last_path = str(last_path)
+        self.signum: int | None = None
+        self.saved_step: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning's own handlers (registered before this hook); Lightning restores the earlier ones at the
+        # end of fit, so a signal during the final evaluation ends the process as usual
+        if trainer.world_size == 1:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.signum == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning(f"received {signal.Signals(signum).name}: stopping after the current step, with a checkpoint")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # the checkpoint is taken here, where Lightning resumes exactly; not before a due validation (a resumed run
+        # would skip it) nor inside a step's micro-batches
+        if (self.signum is None or self.saved_step is not None or (batch_idx + 1) % trainer.accumulate_grad_batches
+                or (batch_idx + 1) % trainer.val_check_batch == 0):
+            return
+        trainer.save_checkpoint(self.last_path, False)  # the full state (optimiser, loops), not weights only
+        self.saved_step = trainer.global_step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.saved_step is not None:  # the step's metrics are written by now
+            raise Interrupted(self.signum, self.saved_step, self.last_path)

@@ -1,6 +1,8 @@
-"""At each validation: decode a fixed sample of validation examples, log exact match and BLEU from real
-decoding (not teacher forcing), print a few (source, reference, prediction) triples and log them to W&B as a
-table. Only for sequence-to-sequence tasks and the kinds that generate."""
+"""At each validation: decode a fixed random sample of `eval.decode_samples` validation examples drawn across the
+whole split (`archsweep.core.eval.evaluation.decode_sample`, the same for every run; evaluate.py's `decode_limit`
+draws the same one), log exact match and BLEU from real decoding (not teacher forcing), print a few (source,
+reference, prediction) triples and log them to W&B as a table. Only for sequence-to-sequence tasks and the kinds
+that generate."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from archsweep.core.data.codec import Codec
-from archsweep.core.eval.evaluation import DecodeResults, decode_batch
+from archsweep.core.eval.evaluation import DecodeResults, decode_batch, decode_sample
 from archsweep.core.eval.generation import DecodingConfig
 
 
@@ -25,19 +27,22 @@ class DecodeOnValidation(L.Callback):
                              f"before building the callback)")
         self.task, self.kind, self.codec, self.decoding = task, kind, codec, decoding
         self.samples, self.show, self.seed = samples, show, seed
+        self.rows: list[list[int]] | None = None  # per validation batch, the rows of the sample
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.state.fn == "fit" and getattr(pl_module, "diverged", None)):
             return  # a diverged run's stopping validation: its weights may be NaN, and sampling would fail
         start = time.time()
         results = DecodeResults(keep_examples=self.show)
-        for batch in self.task.dataloader("val", self.kind, self.seed):
-            if results.total >= self.samples:
-                break
+        if self.rows is None:  # once: the validation split is fixed
+            self.rows = decode_sample(self.task.dataloader("val", self.kind, self.seed), self.samples)
+        for batch, rows in zip(self.task.dataloader("val", self.kind, self.seed), self.rows, strict=True):
+            if not rows:
+                continue
             batch = {k: v.to(pl_module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             decode_batch(pl_module.model, batch, self.kind, self.decoding, pad_id=self.task.pad_id,
                          bos_id=self.task.bos_id, eos_id=self.task.eos_id, to_text=self.codec.decode,
-                         results=results, limit=self.samples - results.total)
+                         results=results, rows=rows)
         pl_module.log("val/decoded_exact_match", results.exact_match(), on_epoch=True, sync_dist=False)
         pl_module.log("val/bleu", results.bleu(), on_epoch=True, sync_dist=False)
         lines = [f"decoded {results.total} validation examples ({self.decoding.strategy}) in "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from archsweep.core.data.codec import codec_from_state, codec_state_for
@@ -27,7 +29,7 @@ from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.callback_group import make_callbacks
-from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
+from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, StopOnSignal
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
 from archsweep.core.train.lit import LitModel
@@ -101,6 +103,27 @@ def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_c
     return val, test, best
 
 
+def interrupted_results(trainer: L.Trainer, stop: BaseException, info: RunInfo, cfg: DictConfig, setup: Setup,
+                        n_params: int, run_id: str, ckpt_cb: ModelCheckpoint) -> dict[str, Any] | None:
+    """results.json of a run stopped by a signal: status `interrupted`, the step, the checkpoint to resume from."""
+    if isinstance(stop, Interrupted):
+        signum, step, checkpoint = stop.signum, stop.step, stop.checkpoint
+    else:  # Lightning's SIGTERM handling (DDP): the newest checkpoint is the last one saved
+        signum, step, checkpoint = signal.SIGTERM, trainer.global_step, ckpt_cb.last_model_path or None
+    log.warning(f"interrupted by {signal.Signals(signum).name} at step {step}; resume from {checkpoint} with "
+                f"ckpt_path={info.run_dir} (or re-run the sweep)")
+    if not trainer.is_global_zero:
+        return None
+    results = {"status": "interrupted", "error": None,
+               "interrupted": {"signal": signal.Signals(signum).name, "step": step, "exit_code": 128 + signum},
+               "name": info.name, "group": info.group, "run_dir": str(info.run_dir), "choices": info.choices,
+               "overrides": info.overrides, "seed": cfg.seed, "params": n_params, "steps": step,
+               "last_checkpoint": checkpoint,
+               "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id}
+    write_json(info.run_dir / "results.json", results)
+    return results
+
+
 DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "PL_GLOBAL_SEED",
            "PL_SEED_WORKERS")
 
@@ -139,15 +162,17 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                    cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits,
                    longest_input=setup.task.max_input_len(setup.model_cfg.kind))
     extra = {"params": n_params, "run_dir": str(info.run_dir)}
+    in_place = setup.ckpt_path is not None and info.run_dir.resolve() in Path(setup.ckpt_path).resolve().parents
     loggers = make_loggers(resolved["logger"], info.run_dir, info.name, info.group, info.tags,
-                           wandb_config(cfg, info, extra), run_id)
+                           wandb_config(cfg, info, extra), run_id, setup.resume_step if in_place else None)
     ckpt_cb = ModelCheckpoint(dirpath=str(info.run_dir / CKPT_DIR), filename="best", monitor="val/loss", mode="min",
                               save_top_k=1, save_last=True, auto_insert_metric_name=False,
                               enable_version_counter=False)
     progress = Progress(start_time)
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
-    callbacks: list[L.Callback] = [ckpt_cb, progress]
+    last_path = info.run_dir / CKPT_DIR / "last.ckpt"
+    callbacks: list[L.Callback] = [ckpt_cb, progress, StopOnSignal(last_path)]
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
@@ -164,7 +189,10 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     data = TaskData(setup.task, setup.model_cfg.kind, cfg.seed)
     reset_peak()
     fit_start = time.time()
-    trainer.fit(lit, datamodule=data, ckpt_path=str(setup.ckpt_path) if setup.ckpt_path else None)
+    try:
+        trainer.fit(lit, datamodule=data, ckpt_path=str(setup.ckpt_path) if setup.ckpt_path else None)
+    except (Interrupted, SIGTERMException) as stop:
+        return interrupted_results(trainer, stop, info, cfg, setup, n_params, run_id, ckpt_cb)
     fit_s = time.time() - fit_start
     if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))

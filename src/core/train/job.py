@@ -7,21 +7,32 @@ second. Lightning, torchmetrics and wandb are imported only once the config is k
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 import traceback
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from archsweep.core.data.tasks.base import Task
-from archsweep.core.model.checkpoint import CheckpointError, check_checkpoint_file, read_checkpoint, resolve_checkpoint
+from archsweep.core.model.checkpoint import (
+    CKPT_DIR,
+    CheckpointError,
+    check_checkpoint_file,
+    read_checkpoint,
+    resolve_checkpoint,
+    safe_load,
+)
 from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
 from archsweep.core.train.callback_group import check_callbacks
+from archsweep.core.train.checks import check_ddp_validation, check_optimiser, check_seed, check_trainer, check_warmup
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
 from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
+from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process
 from archsweep.core.train.runinfo import RunInfo, run_info
 from archsweep.core.train.setup import ConfigError, Setup, write_json
 from archsweep.core.train.sweep import append_summary, earlier_run
@@ -156,16 +167,24 @@ def check_training(cfg: DictConfig) -> Checked:
 
 def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     """The one checked Setup of this job (the resume checkpoint is read later, by check_resume)."""
-    task = build_task(cfg)
-    model_cfg = model_config(cfg, task)
-    checked = check_training(cfg)
     ckpt = None
-    if cfg.ckpt_path is not None:
-        try:
+    try:  # first what needs neither the task nor the model (whose variants import torch)
+        check_seed(cfg.seed)
+        check_optimiser(cfg.optim)
+        check_trainer(cfg.trainer)
+        check_warmup(cfg.schedule, cfg.trainer.max_steps)
+        if cfg.ckpt_path is not None:
             ckpt = resolve_checkpoint(str(cfg.ckpt_path), "resume", cfg.output_root, info.overrides)
             check_checkpoint_file(ckpt)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    task = build_task(cfg)
+    try:
+        check_ddp_validation(cfg.trainer, task)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    model_cfg = model_config(cfg, task)
+    checked = check_training(cfg)
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
 
 
@@ -174,9 +193,10 @@ def check_resume(setup: Setup) -> None:
     if setup.ckpt_path is None:
         return
     try:
-        meta = read_checkpoint(setup.ckpt_path).get("archsweep")
+        ckpt = read_checkpoint(setup.ckpt_path)
     except CheckpointError as e:
         raise ConfigError(f"ckpt_path: {e}") from None
+    meta = ckpt.get("archsweep")
     if meta is None:
         raise ConfigError(f"ckpt_path={setup.ckpt_path} is not a train.py checkpoint")
     if meta["model_config"] != setup.model_cfg.to_dict():
@@ -184,15 +204,18 @@ def check_resume(setup: Setup) -> None:
                 if meta["model_config"].get(k) != v}
         raise ConfigError(f"ckpt_path={setup.ckpt_path} holds a different model; (now, checkpoint) differ in "
                           f"{diff}; resume with the overrides the run was started with")
-    setup.resume = meta
+    setup.resume, setup.resume_step = meta, int(ckpt.get("global_step", 0))
 
 
 def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
-    info.run_dir.mkdir(parents=True, exist_ok=True)
-    (info.run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
     results = {"status": "failed", "error": f"{type(error).__name__}: {error}", "run_dir": str(info.run_dir),
                "name": info.name, "choices": info.choices, "overrides": info.overrides, "seed": seed}
-    write_json(info.run_dir / "results.json", results)
+    try:
+        info.run_dir.mkdir(parents=True, exist_ok=True)
+        (info.run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+        write_json(info.run_dir / "results.json", results)
+    except OSError as e:  # e.g. the disk that made the run fail is full
+        log.error(f"could not record the failure in {info.run_dir}: {e}")
     return results
 
 
@@ -229,8 +252,27 @@ def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, An
         log.info(f"job {info.job_num} ({info.name}): {results['status']} earlier in {info.run_dir}; skipped")
         return results
     if state == "resume" and setup.ckpt_path is None:
-        setup.ckpt_path = resolve_checkpoint(info.run_dir, "resume")
-        log.info(f"job {info.job_num} ({info.name}): resuming the interrupted run from {setup.ckpt_path}")
+        setup.ckpt_path = usable_checkpoint(info)
+        if setup.ckpt_path is not None:
+            log.info(f"job {info.job_num} ({info.name}): resuming the interrupted run from {setup.ckpt_path}")
+    return None
+
+
+def usable_checkpoint(info: RunInfo) -> Path | None:
+    """The interrupted cell's checkpoint to resume from: last.ckpt, else (when it does not load) best.ckpt, else
+    None: the cell restarts. A checkpoint that does not load is renamed to <name>.corrupt and the log says so."""
+    for name in ("last.ckpt", "best.ckpt"):
+        path = info.run_dir / CKPT_DIR / name
+        if not path.is_file():
+            continue
+        try:
+            safe_load(path)
+            return path
+        except CheckpointError as e:
+            path.replace(path.with_name(name + ".corrupt"))
+            log.warning(f"job {info.job_num} ({info.name}): {e}; kept as {path.name}.corrupt")
+    log.warning(f"job {info.job_num} ({info.name}): no checkpoint of the interrupted run loads; the cell restarts "
+                f"from step 0")
     return None
 
 
@@ -242,7 +284,14 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
     """Train one configuration. Returns the final validation loss (NaN for a failed job in a sweep, which is
     recorded and does not stop the other jobs)."""
     info = run_info(cfg)
+    lock = None
     try:
+        if info.multirun and not is_worker_process():  # jobs of a sweep never share a directory
+            try:
+                lock = DirectoryLock(info.run_dir, f"sweep job {info.job_num}").acquire()
+            except DirectoryInUse as e:
+                raise CellConflict(str(e)) from None
+            clean_stale_temp(info.run_dir)
         setup = prepare(cfg, info)
         if cfg.trace_shapes:
             from archsweep.core.eval.trace import trace_shapes
@@ -275,11 +324,17 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
             log.error(f"job {info.job_num} ({info.name}) failed: {results['error']} (details: "
                       f"{info.run_dir / 'error.txt'})")
             return math.nan
-        if isinstance(error, ConfigError):
-            raise SystemExit(f"error: {error}") from None
+        if isinstance(error, ConfigError) or getattr(error, "errno", None) == errno.ENOSPC:  # the disk is full
+            raise SystemExit(f"error: {error.strerror if isinstance(error, OSError) else error}") from None
         raise
+    finally:
+        if lock is not None:
+            lock.release()
     if info.multirun and results:
         append_summary(info, results)
+    if results and results["status"] == "interrupted":  # a scheduler must not read success; the sweep stops too
+        finish_wandb(exit_code=1)
+        raise SystemExit(results["interrupted"]["exit_code"])
     return objective_value(results, cfg.objective) if results else math.nan
 
 

@@ -42,11 +42,45 @@ def new_run_id() -> str:
     return secrets.token_hex(4)  # not from torch's or Python's seeded RNGs: leaves training randomness alone
 
 
-def make_loggers(logger_cfg: dict[str, Any], run_dir: Path, name: str, group: str | None, tags: list[str],
-                 config: dict[str, Any], run_id: str) -> list[Any]:
-    from lightning.pytorch.loggers import CSVLogger
+def history_csv_logger(run_dir: Path, keep_before: int | None) -> Any:
+    """Lightning's CSVLogger writing <run_dir>/metrics.csv. With `keep_before` (a run resumed in its own
+    directory from the checkpoint of that step), the rows logged before that step are kept and the new ones
+    appended; later rows, which the resumed run logs again, are dropped, so no step appears twice."""
+    import csv
 
-    loggers: list[Any] = [CSVLogger(save_dir=str(run_dir), name="", version="")]  # <run_dir>/metrics.csv
+    from lightning.fabric.loggers.logger import rank_zero_experiment
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    class HistoryWriter(ExperimentWriter):
+        def _check_log_dir_exists(self) -> None:
+            if keep_before is None or not os.path.isfile(self.metrics_file_path):
+                return super()._check_log_dir_exists()
+            with open(self.metrics_file_path, newline="") as f:
+                reader = csv.DictReader(f)
+                header = list(reader.fieldnames or [])
+                kept = [r for r in reader if r.get("step", "").isdigit() and int(r["step"]) < keep_before]
+            self.metrics_keys = sorted(header)
+            with open(self.metrics_file_path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(kept)
+
+    class HistoryCSVLogger(CSVLogger):
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> Any:
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = HistoryWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return HistoryCSVLogger(save_dir=str(run_dir), name="", version="")
+
+
+def make_loggers(logger_cfg: dict[str, Any], run_dir: Path, name: str, group: str | None, tags: list[str],
+                 config: dict[str, Any], run_id: str, keep_before: int | None = None) -> list[Any]:
+    loggers: list[Any] = [history_csv_logger(run_dir, keep_before)]  # <run_dir>/metrics.csv
     kind = logger_cfg["name"]
     if kind == "wandb":
         mode = wandb_mode(logger_cfg["mode"])

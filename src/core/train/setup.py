@@ -30,6 +30,7 @@ class Setup:
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)  # `callbacks` group: key -> entry with a
     # `_target_` naming a Lightning Callback, for hydra.utils.instantiate
     resume: dict[str, Any] | None = None  # the checkpoint's `archsweep` entry, checked against model_cfg
+    resume_step: int | None = None  # the checkpoint's global step (metrics.csv keeps the rows logged before it)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -4,7 +4,8 @@ of all jobs is printed, and the process exits non-zero if any job failed (after 
 Re-running a sweep into its own directory (`hydra.sweep.dir=<dir>`; experiment presets use a fixed one) skips
 the cells already completed or diverged there, resumes interrupted ones from their last checkpoint, and runs
 the rest. A directory holding a sweep launched with other overrides is refused before any job starts, so no
-finished run is ever overwritten.
+finished run is ever overwritten, and a directory another live launcher holds is refused (an exclusive lock,
+`archsweep.core.train.rundir`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.model.checkpoint import CKPT_DIR
+from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, is_worker_process, setting_of, writable_directory
 from archsweep.core.train.runinfo import is_setting, override_key
 
 log = logging.getLogger("train")
@@ -111,12 +113,31 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 class SweepSummary(Callback):
-    """Hydra callback (conf/train.yaml: hydra.callbacks)."""
+    """Hydra callback (conf/train.yaml: hydra.callbacks): locks the sweep directory for the launcher's lifetime,
+    refuses a directory of another sweep, and prints the table at the end."""
+
+    lock: DirectoryLock | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        check_sweep_dir(config)
+        if is_worker_process():
+            return
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            writable_directory(sweep_dir, setting_of(config, sweep_dir, "hydra.sweep.dir"))
+            self.lock = DirectoryLock(sweep_dir, "sweep").acquire()
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        except DirectoryInUse as e:
+            raise SystemExit(f"error: hydra.sweep.dir: {e}") from None
+        try:
+            check_sweep_dir(config)
+        except BaseException:
+            self.lock.release()
+            raise
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = read_summary(sweep_dir)
         if not rows:

@@ -1,0 +1,248 @@
+"""Run and sweep directories that never mix or lose results.
+
+- A default directory is `<output_root>/runs/<time>_<6 hex digits>` (sweeps: `sweeps/<time>_<hex>`), created
+  exclusively, so runs launched in the same second never share one.
+- A directory that already holds a run (checkpoints, metrics.csv, or a results.json that is not a failed start)
+  is refused, unless the run resumes from a checkpoint inside it or `overwrite=true` says to replace it.
+- A run, a sweep and each job of a sweep hold an exclusive lock (`.lock`: pid, host, start time) on their
+  directory while they work; a second launcher there is refused, and a lock whose process has died (same host)
+  is stale and taken over.
+- Temporary files a killed process left (`checkpoints/.<name>.tmp-<pid>`, `*.json.tmp`) are removed at the next
+  start in that directory.
+
+Light (Hydra and OmegaConf only): all of it runs before the heavy imports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import secrets
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from archsweep.core.model.checkpoint import CKPT_DIR, resolve_checkpoint
+
+log = logging.getLogger("train")
+LOCK = ".lock"
+# what train.py writes into a run directory; overwrite=true removes these and nothing else
+RUN_OUTPUTS = ("checkpoints", "metrics.csv", "results.json", "config.yaml", "error.txt", "train.log", "attention",
+               ".hydra", "wandb", "tensorboard", "hparams.yaml")
+RANK_ENV = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+
+
+def _unique() -> str:
+    return secrets.token_hex(3)  # not from the seeded RNGs
+
+
+if not OmegaConf.has_resolver("unique"):  # `${unique:}` in conf/train.yaml's hydra.run.dir and hydra.sweep.dir
+    OmegaConf.register_new_resolver("unique", _unique, use_cache=True)
+
+
+class DirectoryInUse(RuntimeError):
+    """Another live process holds the directory's lock."""
+
+
+def is_worker_process() -> bool:
+    """A DDP worker (Lightning re-runs the command line for ranks > 0) or another non-zero rank: it works in the
+    directory rank 0 set up and locked."""
+    return any(os.environ.get(k, "0") not in ("", "0") for k in RANK_ENV)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DirectoryLock:
+    """An exclusive lock file in `directory`, created with O_EXCL; `release()` (also at exit) removes it."""
+
+    def __init__(self, directory: str | Path, what: str) -> None:
+        self.path = Path(directory) / LOCK
+        self.what = what
+        self.held = False
+
+    def acquire(self) -> DirectoryLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if self._take_over_stale():
+                    continue
+                raise DirectoryInUse(self._in_use_message()) from None
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()} {time.time():.0f} {self.what}\n")
+            self.held = True
+            atexit.register(self.release)
+            return self
+        raise DirectoryInUse(self._in_use_message())
+
+    def _owner(self) -> tuple[int | None, str, float | None]:
+        try:
+            pid, host, started, *_ = self.path.read_text().split()
+            return int(pid), host, float(started)
+        except (OSError, ValueError):
+            return None, "", None
+
+    def _take_over_stale(self) -> bool:
+        pid, host, _ = self._owner()
+        if pid is None:  # being written this instant, or unreadable: not ours to judge
+            time.sleep(0.05)
+            pid, host, _ = self._owner()
+            if pid is None:
+                return False
+        if host != socket.gethostname() or _alive(pid):
+            return False
+        log.warning(f"{self.path}: stale lock of process {pid}, which has ended; taken over")
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        return True
+
+    def _in_use_message(self) -> str:
+        pid, host, started = self._owner()
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+        where = "" if host == socket.gethostname() else f" on host {host}"
+        return (f"{self.path.parent} is in use by process {pid}{where} (since {since}); two launches into one "
+                f"directory would mix their results. Wait for it to end or choose another directory (if that "
+                f"process is gone, remove {self.path})")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        pid, _, _ = self._owner()
+        if pid == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+
+def holds_run(run_dir: Path) -> str | None:
+    """What in `run_dir` is a run's result (None when nothing is): checkpoints, metrics, or a results.json of a run
+    that got further than a refused start."""
+    ckpts = sorted(p.name for p in (run_dir / CKPT_DIR).glob("*.ckpt")) if (run_dir / CKPT_DIR).is_dir() else []
+    if ckpts:
+        return f"{CKPT_DIR}/{', '.join(ckpts)}"
+    if (run_dir / "metrics.csv").is_file():
+        return "metrics.csv"
+    results = run_dir / "results.json"
+    if results.is_file():
+        import json
+
+        try:
+            status = json.loads(results.read_text()).get("status")
+        except (OSError, ValueError, AttributeError):
+            status = "unreadable"
+        if status != "failed" or (run_dir / "config.yaml").is_file():
+            return f"results.json (status {status})"
+    return None
+
+
+def clean_stale_temp(directory: Path) -> list[Path]:
+    """Remove the temporary files a killed process left: `checkpoints/.<name>.tmp-<pid>` of a dead process (same
+    host) and `<name>.json.tmp` (results, written and renamed at once by whoever holds the directory)."""
+    removed = []
+    for tmp in [*(directory / CKPT_DIR).glob(".*.tmp-*"), *directory.glob("*.json.tmp")]:
+        pid = tmp.name.rsplit("-", 1)[-1] if ".tmp-" in tmp.name else None
+        if pid is not None and pid.isdigit() and _alive(int(pid)) and int(pid) != os.getpid():
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    if removed:
+        log.info(f"removed {len(removed)} temporary file(s) left by an interrupted run: "
+                 + ", ".join(str(p) for p in removed))
+    return removed
+
+
+def resumes_inside(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> bool:
+    """Whether cfg.ckpt_path names a checkpoint inside `run_dir` (resuming a run in its own directory)."""
+    if cfg.get("ckpt_path") is None:
+        return False
+    try:
+        ckpt = resolve_checkpoint(str(cfg.ckpt_path), "resume", cfg.get("output_root", "."), overrides)
+    except ValueError:
+        return False  # job.py reports it
+    return run_dir.resolve() in ckpt.resolve().parents
+
+
+def writable_directory(path: Path, setting: str) -> None:
+    """Create `path` (and its parents); ValueError naming `setting` (output_root, hydra.run.dir, ...) when it
+    cannot be created or written: a file in the way, a read-only or full file system."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ValueError(f"{setting}: cannot write to {path} ({reason}{': ' + e.filename if e.filename else ''}); "
+                         f"choose a writable directory, e.g. output_root=$HOME/archsweep-outputs") from None
+
+
+def setting_of(cfg: DictConfig, directory: Path, key: str) -> str:
+    """`output_root=<value>` when `directory` lies under it (the default places), else the hydra key."""
+    root = Path(str(cfg.get("output_root", "outputs")))
+    try:
+        directory.resolve().relative_to(root.resolve())
+        return f"output_root={root}"
+    except ValueError:
+        return f"{key}={directory}"
+
+
+def claim_run_dir(cfg: DictConfig, run_dir: Path, overrides: list[str], what: str = "run") -> DirectoryLock:
+    """Make `run_dir` this run's: create it, lock it, refuse it if it holds another run (unless resuming from
+    inside it or overwrite=true), and clean stale temporary files. Raises ValueError / DirectoryInUse."""
+    writable_directory(run_dir, setting_of(cfg, run_dir, "hydra.run.dir"))
+    lock = DirectoryLock(run_dir, what).acquire()
+    try:
+        held = holds_run(run_dir)
+        if held and not resumes_inside(cfg, run_dir, overrides):
+            if not cfg.get("overwrite", False):
+                raise ValueError(f"hydra.run.dir={run_dir} already holds a run ({held}); it is kept. Choose another "
+                                 f"directory (or leave hydra.run.dir unset: every run gets its own), resume it with "
+                                 f"ckpt_path={run_dir} and the same overrides, or replace it with overwrite=true")
+            log.warning(f"overwrite=true: removing the run in {run_dir} ({held})")
+            for name in RUN_OUTPUTS:
+                path = run_dir / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif path.exists() or path.is_symlink():
+                    path.unlink()
+        clean_stale_temp(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+class RunDirectory(Callback):
+    """Hydra callback (conf/train.yaml: hydra.callbacks): claims a single run's directory before Hydra writes
+    anything into it (`.hydra/`), so a refused directory is left exactly as it was."""
+
+    lock: DirectoryLock | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if is_worker_process() or config.get("trace_shapes"):
+            return
+        run_dir = Path(str(config.hydra.run.dir))
+        try:
+            self.lock = claim_run_dir(config, run_dir, list(config.hydra.overrides.task))
+        except (ValueError, DirectoryInUse) as e:
+            raise SystemExit(f"error: {e}") from None
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()

@@ -1,0 +1,197 @@
+"""Nothing lost, nothing mixed up, honest exits (issue 15), with real train.py processes: a finished run's
+directory is refused, launches at the same moment never share a directory, two sweeps in one directory are
+refused, and SIGTERM / SIGINT stop a run with a checkpoint at the current step, `status: interrupted` and a
+non-zero exit, from which it resumes exactly, in place, with its whole metrics history."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow  # train.py subprocesses
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
+        "task.max_len=8", "task.val_batches=2", "task.test_batches=2", "trainer.log_every_n_steps=2",
+        "schedule.warmup_steps=5", "logger=csv", "diagnostics.attention_maps=false"]
+QUICK = [*TINY, "trainer.max_steps=4", "trainer.val_check_interval=2", "eval.decode_samples=0"]
+LONG = [*TINY, "trainer.max_steps=40", "trainer.val_check_interval=10"]
+SLOW_CALLBACK = '''
+import time
+import lightning as L
+
+
+class Slow(L.Callback):
+    """Sleeps after every training batch, so that a test can signal a run mid-training."""
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        time.sleep(0.05)
+'''
+
+
+def env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "slowdown.py").write_text(SLOW_CALLBACK)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    out = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    out.pop("WANDB_API_KEY", None)
+    return out
+
+
+def launch(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 240) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def train(tmp_path: Path, *args: str) -> tuple[int, str]:
+    return finish(launch(tmp_path, *args))
+
+
+def rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def test_a_finished_run_directory_is_refused_unless_resumed_or_overwritten(tmp_path):
+    run_dir = tmp_path / "run"
+    code, out = train(tmp_path, *QUICK, f"hydra.run.dir={run_dir}", "seed=0")
+    assert code == 0, out[-3000:]
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    start = time.time()
+    code, out = train(tmp_path, *QUICK, f"hydra.run.dir={run_dir}", "seed=1")
+    refused_s = time.time() - start
+    assert code == 1 and f"hydra.run.dir={run_dir} already holds a run (checkpoints/" in out, out[-3000:]
+    assert "overwrite=true" in out and "Traceback" not in out
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # .hydra/ too
+    print(f"refused in {refused_s:.2f} s")
+    code, out = train(tmp_path, *QUICK, f"hydra.run.dir={run_dir}", "seed=1", "overwrite=true")
+    assert code == 0, out[-3000:]
+    assert results(run_dir)["seed"] == 1 and results(run_dir)["status"] == "completed"
+
+
+def test_launches_at_the_same_moment_never_share_a_directory(tmp_path):
+    for _ in range(3):
+        procs = [launch(tmp_path, *QUICK, f"seed={i}", "output_root=out") for i in range(2)]
+        outcomes = [finish(p) for p in procs]
+        assert all(code == 0 for code, _ in outcomes), [out[-2000:] for _, out in outcomes]
+    run_dirs = sorted((tmp_path / "out" / "runs").iterdir())
+    assert len(run_dirs) == 6 and len({d.name for d in run_dirs}) == 6
+    for run_dir in run_dirs:
+        res = results(run_dir)
+        assert Path(res["run_dir"]).resolve() == run_dir.resolve() and res["status"] == "completed"
+        assert f"seed={res['seed']}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+        steps = [int(r["step"]) for r in rows(run_dir) if r.get("train/loss")]
+        assert steps == sorted(set(steps))  # one run's rows only: no step twice
+        assert not (run_dir / ".lock").exists()
+
+
+def test_two_launches_into_one_run_directory_one_is_refused(tmp_path):
+    for round_ in range(3):
+        run_dir = tmp_path / f"shared{round_}"
+        procs = [launch(tmp_path, *QUICK, f"seed={i}", f"hydra.run.dir={run_dir}") for i in range(2)]
+        outcomes = [finish(p) for p in procs]
+        codes = sorted(code for code, _ in outcomes)
+        assert codes == [0, 1], [out[-2000:] for _, out in outcomes]
+        refused = next(out for code, out in outcomes if code == 1)
+        assert "is in use by process" in refused or "already holds a run" in refused, refused[-2000:]
+        winner = next(i for i, (code, _) in enumerate(outcomes) if code == 0)
+        res = results(run_dir)
+        assert res["seed"] == winner and f"seed={winner}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+        ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+        assert ckpt["archsweep"]["config"]["seed"] == winner
+
+
+def test_two_sweeps_in_one_directory_one_is_refused(tmp_path):
+    for round_ in range(2):
+        sweep_dir = tmp_path / f"sweep{round_}"
+        procs = [launch(tmp_path, "-m", *QUICK, f"seed={s}", f"hydra.sweep.dir={sweep_dir}")
+                 for s in ("0,1", "5,6")]
+        outcomes = [finish(p) for p in procs]
+        codes = sorted(code for code, _ in outcomes)
+        assert codes == [0, 1], [out[-2000:] for _, out in outcomes]
+        refused = next(out for code, out in outcomes if code == 1)
+        assert ("is in use by process" in refused or "holds a sweep launched with other overrides" in refused), \
+            refused[-2000:]
+        for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+            res = results(job_dir)
+            config = (job_dir / "config.yaml").read_text()
+            assert f"seed: {res['seed']}\n" in config
+            ckpt = torch.load(job_dir / "checkpoints" / "last.ckpt", weights_only=True)
+            assert ckpt["archsweep"]["config"]["seed"] == res["seed"]
+        assert not (sweep_dir / ".lock").exists()
+
+
+def signal_when(proc: subprocess.Popen, log: Path, text: str, signum: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if log.is_file() and text in log.read_text():
+            proc.send_signal(signum)
+            return
+        assert proc.poll() is None, "the run ended before it could be signalled"
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"{text!r} never appeared in {log}")
+
+
+def train_losses(run_dir: Path) -> list[tuple[int, str]]:
+    return [(int(r["step"]), r["train/loss"]) for r in rows(run_dir) if r.get("train/loss")]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_with_a_checkpoint_and_resumes_exactly_in_place(tmp_path, signum):
+    reference = tmp_path / "reference"
+    code, out = train(tmp_path, *LONG, f"hydra.run.dir={reference}")
+    assert code == 0, out[-3000:]
+    run_dir = tmp_path / "run"
+    proc = launch(tmp_path, *LONG, f"hydra.run.dir={run_dir}", "+callbacks.slow._target_=slowdown.Slow")
+    signal_when(proc, run_dir / "train.log", "step 14/40", signum)
+    code, out = finish(proc)
+    assert code == 128 + signum, out[-3000:]
+    res = results(run_dir)
+    step = res["interrupted"]["step"]
+    assert res["status"] == "interrupted" and res["interrupted"]["signal"] == signal.Signals(signum).name
+    assert 14 <= step < 40 and res["steps"] == step
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
+    assert not list((run_dir / "checkpoints").glob(".*tmp*")) and not (run_dir / ".lock").exists()
+    code, out = train(tmp_path, *LONG, f"hydra.run.dir={run_dir}", f"ckpt_path={run_dir}")
+    assert code == 0, out[-3000:]
+    resumed = results(run_dir)
+    assert resumed["status"] == "completed" and resumed["steps"] == 40
+    assert train_losses(run_dir) == train_losses(reference)  # every step once, the same losses bit for bit
+    assert [r["step"] for r in rows(run_dir)] == [r["step"] for r in rows(reference)]
+    assert resumed["val"] == results(reference)["val"]
+
+
+def test_an_interrupted_sweep_cell_resumes_with_its_whole_history(tmp_path):
+    reference = tmp_path / "reference"
+    code, out = train(tmp_path, *LONG, f"hydra.run.dir={reference}")
+    assert code == 0, out[-3000:]
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *LONG, "seed=0", f"hydra.sweep.dir={sweep_dir}", "+callbacks.slow._target_=slowdown.Slow"]
+    proc = launch(tmp_path, *args)
+    signal_when(proc, sweep_dir / "0" / "train.log", "step 24/40", signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == 143, out[-3000:]
+    assert results(sweep_dir / "0")["status"] == "interrupted"
+    assert not (sweep_dir / ".lock").exists() and not (sweep_dir / "0" / ".lock").exists()
+    code, out = train(tmp_path, *args)
+    assert code == 0, out[-3000:]
+    assert "resuming the interrupted run from" in out
+    assert train_losses(sweep_dir / "0") == train_losses(reference)
+    assert results(sweep_dir / "0")["val"] == results(reference)["val"]
