@@ -1,17 +1,21 @@
 """Reading UTF-8 text and line-aligned parallel corpora, refusing bad input with an error that says what is wrong,
-where, and what to do."""
+where, and what to do. Paths may be given as `str` or `Path`."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+PathLike = str | os.PathLike
 
 
 def missing(path: Path, what: str, how: str) -> FileNotFoundError:
     return FileNotFoundError(f"{what}: {path} does not exist. {how}")
 
 
-def text_files(path: Path, what: str, how: str) -> list[Path]:
+def text_files(path: PathLike, what: str, how: str) -> list[Path]:
     """The file itself, or every non-hidden file under a folder (sorted, recursively)."""
+    path = Path(path)
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -23,7 +27,8 @@ def text_files(path: Path, what: str, how: str) -> list[Path]:
     raise missing(path, what, how)
 
 
-def decode_utf8(raw: bytes, path: Path) -> str:
+def decode_utf8(raw: bytes, path: PathLike) -> str:
+    path = Path(path)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -32,8 +37,9 @@ def decode_utf8(raw: bytes, path: Path) -> str:
                          f"({e.reason}); convert it first, e.g. `iconv -f latin1 -t utf-8 {path.name}`") from None
 
 
-def read_text(path: Path, what: str, how: str) -> str:
+def read_text(path: PathLike, what: str, how: str) -> str:
     """All text of a file, or of the files of a folder joined in sorted order."""
+    path = Path(path)
     parts = []
     for file in text_files(path, what, how):
         text = decode_utf8(file.read_bytes(), file)
@@ -44,8 +50,9 @@ def read_text(path: Path, what: str, how: str) -> str:
     return "".join(p if p.endswith("\n") else p + "\n" for p in parts) if len(parts) > 1 else parts[0]
 
 
-def read_lines(path: Path, what: str, how: str) -> list[str]:
+def read_lines(path: PathLike, what: str, how: str) -> list[str]:
     """Lines of a file, without line ends; one trailing newline does not make an extra line."""
+    path = Path(path)
     if not path.is_file():
         raise missing(path, what, how)
     text = decode_utf8(path.read_bytes(), path)
@@ -54,8 +61,9 @@ def read_lines(path: Path, what: str, how: str) -> list[str]:
     return text.rstrip("\n").split("\n") if "\r\n" not in text else text.rstrip("\r\n").split("\r\n")
 
 
-def read_parallel(files: list[Path], what: str, how: str) -> tuple[list[str], list[str]]:
+def read_parallel(files: list[PathLike], what: str, how: str) -> tuple[list[str], list[str]]:
     """(source lines, target lines) from two line-aligned files, or from one file of `source<TAB>target` lines."""
+    files = [Path(f) for f in files]
     if len(files) == 2:
         src, tgt = (read_lines(f, what, how) for f in files)
         if len(src) != len(tgt):

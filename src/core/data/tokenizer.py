@@ -47,8 +47,9 @@ class CharTokenizer:
         n = len(SPECIALS)
         return "".join(self.chars[i - n] if i >= n else ("\ufffd" if i == UNK else "") for i in map(int, ids))
 
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"kind": "char", "specials": SPECIALS, "chars": self.chars}, ensure_ascii=False))
+    def save(self, path: str | Path) -> None:
+        data = {"kind": "char", "specials": SPECIALS, "chars": self.chars}
+        Path(path).write_text(json.dumps(data, ensure_ascii=False))
 
 
 class BpeTokenizer:
@@ -84,7 +85,7 @@ class BpeTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def save(self, path: Path) -> None:
+    def save(self, path: str | Path) -> None:
         self.tok.save(str(path))
 
 
@@ -98,7 +99,9 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> Tokeniz
     return tok
 
 
-def load_tokenizer(path: Path) -> Tokenizer:
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer a `save` wrote (a str or a Path)."""
+    path = Path(path)
     data = json.loads(path.read_text())
     if data.get("kind") == "char":
         return CharTokenizer(data["chars"])

@@ -14,7 +14,7 @@ import yaml
 from archsweep.core.train.runinfo import is_setting, override_key
 
 RESULTS, METRICS, OVERRIDES = "results.json", "metrics.csv", ".hydra/overrides.yaml"
-STATUSES = ("completed", "failed", "diverged")
+STATUSES = ("completed", "failed", "diverged", "interrupted")
 
 Series = list[tuple[int, float]]  # (step, value), step counted from 1: the optimiser steps taken
 
@@ -57,14 +57,15 @@ def canon(value: Any) -> str:
     return text
 
 
-def find_runs(directory: Path) -> list[Path]:
+def find_runs(directory: str | Path) -> list[Path]:
     """Run directories under `directory` (itself included): those holding results.json or .hydra/overrides.yaml."""
+    directory = Path(directory)
     found = {p.parent for p in directory.rglob(RESULTS)} | {p.parent.parent for p in directory.rglob("overrides.yaml")
                                                              if p.parent.name == ".hydra"}
     return sorted(found, key=lambda p: [int(s) if s.isdigit() else s for s in p.parts])
 
 
-def read_metrics(path: Path) -> dict[str, Series]:
+def read_metrics(path: str | Path) -> dict[str, Series]:
     """metrics.csv as one series per column. Rows that do not parse (a line being written) are left out.
     Validation rows logged after training (train.py validates and tests the best checkpoint at the final step)
     are dropped, so val/ series hold the curve seen while training."""
@@ -129,8 +130,8 @@ def read_values(results: dict[str, Any]) -> dict[str, str]:
     return values
 
 
-def read_results(path: Path) -> dict[str, Any]:
-    results = json.loads(path.read_text())
+def read_results(path: str | Path) -> dict[str, Any]:
+    results = json.loads(Path(path).read_text())
     if not isinstance(results, dict):
         raise ValueError(f"expected a JSON object, found {type(results).__name__}")
     if results.get("status") not in STATUSES:
@@ -141,7 +142,8 @@ def read_results(path: Path) -> dict[str, Any]:
     return results
 
 
-def load_run(run_dir: Path) -> Run | Skipped:
+def load_run(run_dir: str | Path) -> Run | Skipped:
+    run_dir = Path(run_dir)
     path = run_dir / RESULTS
     if not path.is_file():
         return Skipped(run_dir, f"running or interrupted: no {RESULTS}, {last_step(run_dir)}", job_name(run_dir))
@@ -149,6 +151,10 @@ def load_run(run_dir: Path) -> Run | Skipped:
         results = read_results(path)
     except (OSError, UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
         return Skipped(run_dir, f"unreadable {RESULTS}: {e}", job_name(run_dir))
+    if results["status"] == "interrupted":  # stopped by a signal; resuming it finishes it
+        stop = results.get("interrupted") or {}
+        return Skipped(run_dir, f"interrupted by {stop.get('signal', 'a signal')} at step {stop.get('step', '?')}: "
+                                f"resume it (ckpt_path=<this dir>, or re-run the sweep)", job_name(run_dir))
     run = Run(run_dir, results["status"], results, read_values(results))
     if run.status != "failed":
         try:
@@ -172,10 +178,10 @@ def metric(run: Run, key: str) -> float | None:
     return number(value)
 
 
-def read_config(run_dir: Path) -> Any:
+def read_config(run_dir: str | Path) -> Any:
     """The run's resolved config.yaml; None if missing or unreadable."""
     try:
-        return yaml.safe_load((run_dir / "config.yaml").read_text())
+        return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
 

@@ -77,8 +77,8 @@ class Task:
         already consumed (resuming); `rank`/`world_size` shard the data across data-parallel processes."""
         raise NotImplementedError
 
-    def save(self, run_dir: Path) -> None:
-        """Write what a run needs to read its outputs back (a tokenizer) into the run directory."""
+    def save(self, run_dir: str | Path) -> None:
+        """Write what a run needs to read its outputs back (a tokenizer) into the run directory (str or Path)."""
 
     def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
         """The function running a model of `kind` on one of this task's batches, returning logits (B, T, V)

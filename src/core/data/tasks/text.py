@@ -96,7 +96,7 @@ class TextTask(Task):
         """Token ids back to text (special tokens dropped); one vocabulary, so `side` changes nothing."""
         return self.tokenizer.decode(ids)
 
-    def save(self, run_dir: Path) -> None:
+    def save(self, run_dir: str | Path) -> None:
         """Copy the tokenizer next to a run's outputs."""
         (Path(run_dir) / "tokenizer.json").write_bytes((self.dir / "tokenizer.json").read_bytes())
 

@@ -129,7 +129,7 @@ class TranslationTask(Task):
 
         return json.loads((self.dir / f"{split}.json").read_text())[side]
 
-    def save(self, run_dir: Path) -> None:
+    def save(self, run_dir: str | Path) -> None:
         for f in self.dir.glob("tokenizer*.json"):
             (Path(run_dir) / f.name).write_bytes(f.read_bytes())
 
