@@ -46,7 +46,7 @@ class Parts:
 
     def stack(self, role: str, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool) -> Stack:
         cfg, sizes = self.cfg, self.sizes
-        norm = functools.partial(make_norm, cfg.norm_type, cfg.d_model, cfg.norm_eps)
+        norm = functools.partial(make_norm, cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         context: dict[str, Any] = {**sizes, "causal": causal, "role": role, "make_norm": norm}
         attn_args = (cfg.d_model, cfg.n_heads, cfg.kv_heads, sizes["attn_dropout"], cfg.bias)
         blocks = [

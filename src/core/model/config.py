@@ -56,6 +56,7 @@ class ModelConfig:
     norm: str | dict[str, Any] = dataclasses.field(default=NORM.default, metadata={"registry": NORM})  # placement
     norm_type: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
+    norm_bias: bool = True  # LayerNorm's additive bias (beta); false: LayerNorm without bias (RMSNorm has none)
     pos: str | dict[str, Any] = dataclasses.field(default=POS.default, metadata={"registry": POS})
     ffn: str | dict[str, Any] = dataclasses.field(default=FFN.default, metadata={"registry": FFN})
     attention: str | dict[str, Any] = dataclasses.field(default=ATTENTION.default,  # self-attention kind

@@ -37,6 +37,8 @@ def check_optimiser(optim: DictConfig) -> None:
     decay = optim.get("weight_decay")
     if not _is_number(decay) or decay < 0:
         raise ValueError(f"optim.weight_decay={decay!r} must be a number >= 0 (0: no weight decay)")
+    if not isinstance(optim.get("decay_embeddings", False), bool):
+        raise ValueError(f"optim.decay_embeddings={optim.get('decay_embeddings')!r} must be true or false")
     eps = optim.get("eps")
     if eps is not None and (not _is_number(eps) or eps <= 0):
         raise ValueError(f"optim.eps={eps!r} must be a positive number, e.g. 1e-9")

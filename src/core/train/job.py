@@ -199,9 +199,12 @@ def check_resume(setup: Setup) -> None:
     meta = ckpt.get("archsweep")
     if meta is None:
         raise ConfigError(f"ckpt_path={setup.ckpt_path} is not a train.py checkpoint")
-    if meta["model_config"] != setup.model_cfg.to_dict():
-        diff = {k: (v, meta["model_config"].get(k)) for k, v in setup.model_cfg.to_dict().items()
-                if meta["model_config"].get(k) != v}
+    try:  # canonical, and a field the checkpoint predates at its default (what that run was built with)
+        stored = ModelConfig.from_dict(meta["model_config"]).to_dict()
+    except ValueError as e:
+        raise ConfigError(f"ckpt_path={setup.ckpt_path}: its model config does not load: {e}") from None
+    if stored != setup.model_cfg.to_dict():
+        diff = {k: (v, stored.get(k)) for k, v in setup.model_cfg.to_dict().items() if stored.get(k) != v}
         raise ConfigError(f"ckpt_path={setup.ckpt_path} holds a different model; (now, checkpoint) differ in "
                           f"{diff}; resume with the overrides the run was started with")
     setup.resume, setup.resume_step = meta, int(ckpt.get("global_step", 0))

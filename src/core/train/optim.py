@@ -19,11 +19,13 @@ OPTIMIZERS = ("adamw",)
 SCHEDULES = ("noam", "cosine", "constant")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two groups: weight matrices (decayed) and norms, biases and embeddings/position tables (not decayed).
-    A tied output projection shares the embedding Parameter, so it is not decayed either."""
-    no_decay = {id(p) for m in model.modules() if isinstance(m, (nn.Embedding, TokenEmbedding))
-                for p in m.parameters(recurse=False)}
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict[str, Any]]:
+    """Two groups: weight matrices (decayed) and norms, biases and embeddings/position tables (not decayed; with
+    `decay_embeddings`, as some recipes do, the tables are decayed too). A tied output projection shares the
+    embedding Parameter, so it follows the embedding."""
+    no_decay = set() if decay_embeddings else {id(p) for m in model.modules()
+                                               if isinstance(m, (nn.Embedding, TokenEmbedding))
+                                               for p in m.parameters(recurse=False)}
     decay, keep = [], []
     for p in model.parameters():  # each shared Parameter once
         if not p.requires_grad:
@@ -35,8 +37,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 def make_optimizer(model: nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
     if cfg["name"] != "adamw":
         raise ValueError(f"optim.name={cfg['name']!r} is not a known optimiser; valid: {', '.join(OPTIMIZERS)}")
-    return torch.optim.AdamW(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"], betas=tuple(cfg["betas"]),
-                             eps=cfg["eps"])
+    groups = param_groups(model, cfg["weight_decay"], cfg.get("decay_embeddings", False))
+    return torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"])
 
 
 def lr_multiplier(cfg: dict[str, Any]) -> Callable[[int], float]:

@@ -20,16 +20,17 @@ from archsweep.variants.norm import NORM_TYPES
 NormFactory = Callable[[], nn.Module]
 Sublayer = Callable[[Tensor], Tensor]
 
-NORM_MODULES: dict[str, Callable[[int, float], nn.Module]] = {
-    "layernorm": lambda d, eps: nn.LayerNorm(d, eps=eps),
-    "rmsnorm": lambda d, eps: nn.RMSNorm(d, eps=eps),
+NORM_MODULES: dict[str, Callable[[int, float, bool], nn.Module]] = {
+    "layernorm": lambda d, eps, bias: nn.LayerNorm(d, eps=eps, bias=bias),
+    "rmsnorm": lambda d, eps, bias: nn.RMSNorm(d, eps=eps),  # no bias in any case
 }
 
 
-def make_norm(norm_type: str, d_model: int, eps: float) -> nn.Module:
+def make_norm(norm_type: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
+    """A norm of `norm_type`; `bias=False` drops LayerNorm's additive bias (`model.norm_bias`)."""
     if norm_type not in NORM_TYPES:
         raise ValueError(f"norm_type={norm_type!r} is not a known option; valid options: {', '.join(NORM_TYPES)}")
-    return NORM_MODULES[norm_type](d_model, eps)
+    return NORM_MODULES[norm_type](d_model, eps, bias)
 
 
 class Residual(nn.Module):
