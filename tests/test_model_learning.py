@@ -46,11 +46,14 @@ def test_tiny_encoder_decoder_overfits_one_batch(norm, pos):
         assert torch.equal(model(src, tgt_in).argmax(-1), tgt)
 
 
-@pytest.mark.parametrize("pos", ["learned", "rotary"])
-def test_tiny_decoder_only_overfits_one_batch_as_prefix_lm(pos):
+@pytest.mark.parametrize("pos, attention", [("learned", "full"), ("rotary", "full"), ("shaw", "full"),
+                                             ("deberta", "full"), ("xpos", "full"),
+                                             ("rotary", {"name": "sliding_window", "window": 6}),
+                                             ("rotary", "linear"), ("rotary", "performer")])
+def test_tiny_decoder_only_overfits_one_batch_as_prefix_lm(pos, attention):
     torch.manual_seed(0)
     model = build_model(ModelConfig(kind="decoder_only", vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2,
-                                    d_ff=64, dropout=0.0, norm="pre", pos=pos, max_seq_len=32))
+                                    d_ff=64, dropout=0.0, norm="pre", pos=pos, max_seq_len=32, attention=attention))
     src, tgt = reversal_batch()
     ones = torch.ones_like
     tokens, labels, pad_mask = pack_prefix_lm(src, tgt, ones(src, dtype=torch.bool), ones(tgt, dtype=torch.bool),

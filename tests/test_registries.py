@@ -41,7 +41,8 @@ def test_every_kind_has_a_model_yaml_and_a_data_form():
 
 def test_canonical_spec_fills_defaults_and_round_trips():
     spec = POS.spec("rotary")
-    assert spec == {"name": "rotary", "base": 10000.0}
+    assert spec == {"name": "rotary", "base": 10000.0, "scaling": "none", "factor": 1.0, "original_length": None,
+                    "beta_fast": 32.0, "beta_slow": 1.0}
     assert POS.spec(spec) == spec and POS.spec({"_target_": "archsweep.variants.pos.rotary.Rotary"}) == spec
     assert ModelConfig(pos={"name": "rotary", "base": 500}).validate().pos == {"name": "rotary", "base": 500}
 
@@ -95,7 +96,8 @@ def test_what_the_sources_declare_matches_the_imported_classes():
 
     for name in POS.names():
         cls = POS.get(name)
-        assert cls.score_bias == (cls.attn_bias is not PositionalEncoding.attn_bias), name  # the flag tells the truth
+        hooks = cls.attn_bias is not PositionalEncoding.attn_bias or cls.content_bias is not PositionalEncoding.content_bias
+        assert cls.score_bias == hooks, name  # the flag tells the truth
         fresh = Registry("pos", "archsweep.variants.pos", "sinusoidal")  # reads sources, imports nothing
         assert fresh.declared(name, "score_bias") == cls.score_bias, name
     for name in ATTENTION.names():

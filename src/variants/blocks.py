@@ -70,7 +70,7 @@ class Stack(nn.Module):
             positions = torch.arange(start, start + t, device=tokens.device).unsqueeze(0)  # (1, T)
         x = self.emb_dropout(self.pos.embed(self.embed(tokens), positions))  # (B, T, D)
         ctx = AttnContext(pad_mask, self.causal, t, start + t, positions, self.pos.rotate_qk, self.pos.attn_bias,
-                          cache, tokens.device)
+                          cache, tokens.device, self.pos.content_bias)
         if self.training:
             for block in self.blocks:
                 block.self_attn.kernel.on_forward()

@@ -33,6 +33,7 @@ class AttnContext:
     score_bias: Callable[[int, int, torch.device], Tensor | None]  # the positional encoding's additive bias
     cache: KVCache | None
     device: torch.device
+    content_bias: Callable[[Tensor, Tensor, int], Tensor | None] = lambda q, k, layer: None  # per layer (Shaw)
     memo: dict[Any, Any] = field(default_factory=dict)
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -52,6 +53,15 @@ class AttnContext:
         """(mask, is_causal) over every key so far: padding, causality and the score bias."""
         return self.once("full", lambda: self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
                                                         self.bias(self.k_len), self.device))
+
+    def layer_mask(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor | None, bool]:
+        """`full_mask` plus the encoding's content bias of this layer, for k holding every key so far."""
+        extra = self.content_bias(q, k, layer)
+        if extra is None:
+            return self.full_mask()
+        static = self.bias(self.k_len)
+        return self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
+                              extra if static is None else static + extra, self.device)
 
 
 def self_attn_mask(pad_mask: Tensor | None, causal: bool, q_len: int, k_len: int, bias: Tensor | None,

@@ -21,5 +21,5 @@ class FullAttention(AttentionKernel):
                 record: list[Tensor] | None) -> Tensor:
         if ctx.cache is not None:
             k, v = ctx.cache.append(self.layer, k, v)  # (B, Hkv, cached + T, Dh)
-        mask, is_causal = ctx.full_mask()
+        mask, is_causal = ctx.layer_mask(q, k, self.layer)
         return attend(q, k, v, mask, is_causal, dropout, record)

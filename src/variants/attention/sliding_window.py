@@ -63,18 +63,26 @@ class SlidingWindowAttention(AttentionKernel):
         if not self.local:
             if ctx.cache is not None:
                 k, v = ctx.cache.append(self.layer, k, v)
-            mask, is_causal = ctx.full_mask()
+            mask, is_causal = ctx.layer_mask(q, k, self.layer)
             return attend(q, k, v, mask, is_causal, dropout, record)
         if ctx.cache is not None:
             k, v = self._roll(ctx, k, v)  # (B, Hkv, kept + Tq, Dh)
         n_keys = k.shape[2]
-        if ctx.cache is None and record is None and self.backend != "flex" and n_keys > 2 * self.window:
+        extra = ctx.content_bias(q, k, self.layer)  # (B, H, Tq, n_keys) or None
+        if extra is None and ctx.cache is None and record is None and self.backend != "flex" \
+                and n_keys > 2 * self.window:
             return self._blocked(q, k, v, ctx, dropout)
         bias = ctx.bias(n_keys)
+        if extra is not None:
+            bias = extra if bias is None else bias + extra
         if self._use_flex(q, bias, dropout, record):
             return self._flex(q, k, v, ctx)
-        mask = ctx.once(("window", self.window, n_keys), lambda: combine_mask(
-            band(ctx.q_len, n_keys, self.window, self.causal, ctx.device), ctx.key_padding(n_keys), bias))
+        if extra is not None:
+            mask = combine_mask(band(ctx.q_len, n_keys, self.window, self.causal, ctx.device),
+                                ctx.key_padding(n_keys), bias)
+        else:
+            mask = ctx.once(("window", self.window, n_keys), lambda: combine_mask(
+                band(ctx.q_len, n_keys, self.window, self.causal, ctx.device), ctx.key_padding(n_keys), bias))
         return attend(q, k, v, mask, False, dropout, record)
 
     def _blocked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float) -> Tensor:

@@ -4,6 +4,8 @@ on the variant.
 - `embed(x, positions)`: absolute encodings add to the token embeddings here.
 - `rotate_qk(q, k, positions)`: rotary encodings rotate queries and keys here (self-attention only).
 - `attn_bias(q_len, k_len, device)`: relative encodings return an additive score bias (1, H, Tq, Tk) here.
+- `content_bias(q, k, layer)`: encodings whose score term depends on the queries or keys too (Shaw et al.,
+  DeBERTa) return it here, (B, H, Tq, Tk), per layer.
 
 `positions` is a (B or 1, T) long tensor of absolute positions (per-sequence offsets allow left-padded prompts).
 Bias-type encodings depend only on the distance between indices, so they get lengths: the queries are the last
@@ -24,7 +26,7 @@ from torch import Tensor, nn
 class PositionalEncoding(nn.Module):
     max_len: int | None = None  # longest sequence supported, None = unbounded
     trace_label: ClassVar[str | None] = None  # shape trace: what `embed` adds (None: acts inside attention)
-    score_bias: ClassVar[bool] = False  # True where `attn_bias` returns a bias (it needs a score matrix Q K^T)
+    score_bias: ClassVar[bool] = False  # True where `attn_bias` or `content_bias` adds to the scores (Q K^T needed)
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
@@ -43,6 +45,11 @@ class PositionalEncoding(nn.Module):
         return q, k
 
     def attn_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor | None:
+        return None
+
+    def content_bias(self, q: Tensor, k: Tensor, layer: int) -> Tensor | None:
+        """Score term of layer `layer` from its (rotated) queries (B, H, Tq, Dh) and keys (B, Hkv, Tk, Dh), the
+        queries being the last Tq of the Tk positions; already scaled like the scores."""
         return None
 
     @classmethod
