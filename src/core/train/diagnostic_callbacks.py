@@ -257,7 +257,7 @@ class AttentionDiagnostics(L.Callback):
             k_stack = "encoder" if kind.endswith("cross_attn") and "encoder" in seen else stack
             q_ids, k_ids = self._row(seen, q_stack, p.shape[2]), self._row(seen, k_stack, p.shape[3])
             layers.setdefault(kind, []).append((layer, p[0, :, :len(q_ids), :len(k_ids)]))
-            labels[kind] = (self._labels(q_ids, q_stack), self._labels(k_ids, k_stack))
+            labels[kind] = (self._labels(q_ids, q_stack, seen), self._labels(k_ids, k_stack, seen))
         maps = {kind: [m for _, m in sorted(entries, key=lambda e: e[0])] for kind, entries in layers.items()}
         fig = attention_figure(maps, labels, f"attention at step {step}, validation example 0")
         return save_figure(fig, self.run_dir / "attention" / f"step_{step}.png")
@@ -265,13 +265,15 @@ class AttentionDiagnostics(L.Callback):
     @staticmethod
     def _row(seen: dict[str, tuple[Tensor, Tensor | None]], stack: str, width: int) -> list[int]:
         """Example 0's real token ids of a stack's input (right-padded), at most MAP_TOKENS."""
-        if stack not in seen:
+        if stack not in seen or seen[stack][0].dim() != 2:  # no token ids (an embedded input): positions
             return list(range(min(width, MAP_TOKENS)))
         tokens, mask = seen[stack]
         n = int(mask[0].sum()) if mask is not None else tokens.shape[1]
         return tokens[0, :min(n, width, MAP_TOKENS)].tolist()
 
-    def _labels(self, ids: list[int], stack: str) -> list[str]:
+    def _labels(self, ids: list[int], stack: str, seen: dict[str, tuple[Tensor, Tensor | None]]) -> list[str]:
+        if stack in seen and seen[stack][0].dim() != 2:  # an embedded input (image patches): positions
+            return [str(i) for i in ids]
         t = self.task
         special = {t.pad_id: "<pad>", t.bos_id: "<s>", t.eos_id: "</s>", t.sep_id: "<sep>"}
         side = "src" if stack == "encoder" else "tgt"
