@@ -85,8 +85,10 @@ class LitModel(L.LightningModule):
             grads = [p.grad for p in self.parameters() if p.grad is not None]
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self.val_metrics.update(row_stats(self(batch), batch["labels"]))
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        logits = self(batch)
+        self.val_metrics.update(row_stats(logits, batch["labels"]))
+        return logits  # for callbacks' on_validation_batch_end (metrics of their own; not kept by Lightning)
 
     def on_validation_epoch_end(self) -> None:
         self._log_split("val", self.val_metrics)
@@ -94,12 +96,14 @@ class LitModel(L.LightningModule):
     def on_test_epoch_start(self) -> None:
         self.test_lengths = {split: LengthTable(self.longest_input).to(self.device) for split in self.test_splits}
 
-    def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+    def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         split = self.test_splits[dataloader_idx]
-        stats = row_stats(self(batch), batch["labels"])
+        logits = self(batch)
+        stats = row_stats(logits, batch["labels"])
         self.test_metrics[dataloader_idx].update(stats)
         if "src_len" in batch:
             self.test_lengths[split].update(stats, batch["src_len"])
+        return logits
 
     def on_test_epoch_end(self) -> None:
         for split, metrics in zip(self.test_splits, self.test_metrics, strict=True):
