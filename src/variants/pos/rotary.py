@@ -51,7 +51,7 @@ class Rotary(PositionalEncoding):
         if scaling == "ntk":
             base = base * factor ** (head_dim / (head_dim - 2))
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        if scaling == "yarn":
+        if scaling == "yarn" and factor != 1:
             inv_freq = yarn_frequencies(inv_freq, factor, original_length or max_seq_len or 512, beta_fast,
                                         beta_slow)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
