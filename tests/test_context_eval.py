@@ -1,0 +1,108 @@
+"""Evaluation past the training context: the two windowing modes agree where they must, sliding windows never
+lose to non-overlapping ones on a trained model, and the scoring equals the training loop's loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from archsweep.core.eval.context import context_loss, context_table, extrapolation_ratio, windows
+from archsweep.core.model.build import ModelConfig, build_model
+
+
+def markov_text(n: int, vocab: int = 8, seed: int = 0) -> torch.Tensor:
+    """An order-2 Markov chain: each token depends on the two before it (context beyond them does not help); one
+    fixed chain, `seed` draws the text."""
+    table = torch.randint(0, vocab, (vocab, vocab, 2), generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(seed)
+    out = [0, 1]
+    choice = torch.randint(0, 2, (n,), generator=g)
+    for i in range(n - 2):
+        out.append(int(table[out[-2], out[-1], choice[i]]))
+    return torch.tensor(out)
+
+
+def trained_lm(pos: str = "rotary", steps: int = 150) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind="decoder_only", vocab_size=8, d_model=32, n_heads=2, n_layers=2, d_ff=64,
+                                    dropout=0.0, norm="pre", pos=pos, max_seq_len=32))
+    text = markov_text(4000, seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        start = torch.randint(0, len(text) - 17, (16,), generator=g)
+        rows = text[start[:, None] + torch.arange(17)]
+        loss = F.cross_entropy(model(rows[:, :-1]).transpose(1, 2), rows[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return trained_lm()
+
+
+def test_windows_cover_each_target_once():
+    starts, new = windows(100, 10, 3)
+    assert starts[0] == 0 and starts[-1] + 10 + 1 <= 100 and new == 3
+    scored = set(range(1, 11))  # the first window's targets
+    for s in starts[1:]:
+        targets = set(range(s + 10 - new + 1, s + 10 + 1))
+        assert not targets & scored
+        scored |= targets
+    assert scored == set(range(1, max(scored) + 1))
+
+
+def test_stride_equal_to_the_window_is_exactly_non_overlapping(model):
+    text = markov_text(600, seed=2)
+    a = context_loss(model, text, 16, None)
+    b = context_loss(model, text, 16, 16)
+    assert a["loss"] == b["loss"] and a["tokens"] == b["tokens"] and b["mode"] == "non_overlapping"
+
+
+def test_sliding_windows_are_never_worse_than_non_overlapping_on_a_trained_model(model):
+    text = markov_text(600, seed=2)
+    plain = context_loss(model, text, 16, None)
+    for stride in (8, 1):
+        sliding = context_loss(model, text, 16, stride)
+        assert sliding["mode"] == "sliding" and sliding["loss"] <= plain["loss"]
+    assert context_loss(model, text, 16, 1)["loss"] < plain["loss"] - 0.01  # early targets lose their context
+    assert plain["loss"] < math.log(8) * 0.6  # and the model did learn the chain (its entropy: ln 2)
+
+
+def test_the_training_length_gives_the_training_loop_loss(model):
+    text = markov_text(600, seed=3)
+    row = context_loss(model, text, 16, None, batch_size=5)
+    starts, _ = windows(len(text), 16, None)
+    rows = text[torch.tensor(starts)[:, None] + torch.arange(17)]
+    with torch.no_grad():
+        expected = F.cross_entropy(model(rows[:, :-1]).transpose(1, 2), rows[:, 1:]).item()
+    assert row["loss"] == pytest.approx(expected, rel=1e-6) and row["tokens"] == rows.shape[0] * 16
+    assert row["bits_per_token"] == pytest.approx(row["loss"] / math.log(2))
+
+
+def test_a_learned_table_reports_longer_lengths_as_not_applicable():
+    model = trained_lm("learned", steps=1)
+    rows = context_table(model, markov_text(300), [16, 32, 64], stride=None)
+    assert [r["applicable"] for r in rows] == [True, True, False]
+    assert "pos=learned has a table of 32 positions" in rows[2]["reason"]
+    assert extrapolation_ratio(rows, 16) == pytest.approx(rows[1]["ppl"] / rows[0]["ppl"])
+
+
+def test_bits_per_char_counts_the_characters_of_the_targets(model):
+    text = markov_text(300)
+    chars = torch.full((8,), 2.0)  # every token two characters
+    row = context_loss(model, text, 16, None, token_chars=chars)
+    assert row["bits_per_char"] == pytest.approx(row["bits_per_token"] / 2)
+
+
+@pytest.mark.parametrize("lengths,stride,field", [([], None, "context_lengths"), ([0], None, "context_lengths"),
+                                                  ([16], 0, "stride")])
+def test_bad_settings_are_refused(model, lengths, stride, field):
+    with pytest.raises(ValueError, match=field):
+        context_table(model, markov_text(100), lengths, stride)
