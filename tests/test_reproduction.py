@@ -58,3 +58,64 @@ def test_weight_decay_on_embeddings_is_a_switch_off_by_default():
         from omegaconf import OmegaConf
 
         check_optimiser(OmegaConf.create(optim_cfg(decay_embeddings="yes")))
+
+
+def text_task(path, cache_dir, **over):
+    from archsweep.core.data.tasks.text import TextTask
+
+    args = dict(path=str(path), data_dir=None, tokenizer="char", bpe_vocab_size=300, block_size=16, batch_size=4,
+                val_fraction=0.1, val_batches=2, test_batches=2, eval_seed=0, cache_dir=str(cache_dir))
+    return TextTask(**{**args, **over})
+
+
+def test_an_exact_character_vocabulary_is_the_texts_characters(tmp_path):
+    import numpy as np
+
+    from archsweep.core.data.paths import data_dir
+
+    shakespeare = data_dir() / "tinyshakespeare.txt"
+    exact = text_task("tinyshakespeare.txt", tmp_path, exact_vocab=True)
+    default = text_task("tinyshakespeare.txt", tmp_path)
+    assert exact.vocab_size == 65 and default.vocab_size == 71  # nanoGPT's 65; the default keeps 6 special ids
+    raw = shakespeare.read_text()
+    val = np.load(exact.dir / "val.npy")
+    assert int(val.max()) < 65 and exact.decode(val[:300]) == raw[1_003_854:1_003_854 + 300]
+    batch = next(iter(exact.dataloader("train", "decoder_only", seed=0)))
+    assert int(batch["tokens"].max()) < 65 and int(batch["tokens"].min()) >= 0
+    assert exact.tokenizer.encode("ROMEO:") == [sorted(set(raw)).index(c) for c in "ROMEO:"]
+
+
+def test_an_exact_vocabulary_serves_decoder_only_and_refuses_what_needs_special_ids(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("to be or not to be, that is the question\n" * 30)
+    task = text_task(path, tmp_path / "cache", exact_vocab=True)
+    model_cfg = ModelConfig(kind="encoder_only", vocab_size=task.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                            d_ff=32)
+    with pytest.raises(ValueError, match=r"task.exact_vocab=true leaves no special ids .* serves only decoder_only"):
+        task.check_model(model_cfg)
+    with pytest.raises(ValueError, match=r"task.exact_vocab=true needs task.tokenizer=char"):
+        text_task(path, tmp_path / "cache", exact_vocab=True, tokenizer="bpe")
+    with pytest.raises(ValueError, match=r"not in this exact character vocabulary"):
+        task.tokenizer.encode("xyz!")
+
+
+def test_generation_from_an_exact_vocabulary_runs_to_its_length(tmp_path):
+    from omegaconf import OmegaConf
+
+    from archsweep.core.data.codec import codec_state_for
+    from archsweep.core.eval import inference
+
+    path = tmp_path / "t.txt"
+    path.write_text("to be or not to be, that is the question\n" * 30)
+    task = text_task(path, tmp_path / "cache", exact_vocab=True)
+    model = build_model(ModelConfig(kind="decoder_only", vocab_size=task.vocab_size, d_model=16, n_heads=2,
+                                    n_layers=1, d_ff=32, dropout=0.0))
+    task_cfg = {"_target_": "archsweep.core.data.tasks.text.TextTask", "path": str(path), "exact_vocab": True}
+    meta = {"model_config": model.config.to_dict(), "config": {"task": task_cfg}, "codec": codec_state_for(task)}
+    ckpt = tmp_path / "lm.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "archsweep": meta}, ckpt)
+    cfg = OmegaConf.create({"ckpt": str(ckpt), "prompt": None, "prompts": ["to be", "the"], "device": "cpu",
+                            "decoding": {"strategy": "greedy", "max_new_tokens": 12}})
+    results = inference.run_generate(cfg)
+    assert [hyps[0][0][:len(p)] for hyps, p in zip(results, ["to be", "the"], strict=True)] == ["to be", "the"]
+    assert [len(hyps[0][0]) for hyps in results] == [5 + 12, 3 + 12]  # no end token: every step is a character

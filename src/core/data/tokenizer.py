@@ -1,5 +1,6 @@
 """Tokenizers: characters, or byte-level BPE trained with Hugging Face `tokenizers`; both put the same special
-tokens first, so ids 0-5 mean the same thing in every task.
+tokens first, so ids 0-5 mean the same thing in every task. A character vocabulary can instead be exactly the
+text's characters (`specials=False`: nanoGPT's shakespeare_char, 65 ids), with no special ids at all.
 
 Byte-level BPE starts from the 256 byte symbols, so any text encodes without unknown tokens and decoding gives the
 text back exactly; `[UNK]` exists for character vocabularies, whose unseen characters map to it.
@@ -17,38 +18,46 @@ KINDS = ("char", "bpe")
 
 
 class CharTokenizer:
-    """One id per distinct character of the training text, after the special tokens."""
+    """One id per distinct character of the training text, after the special tokens (or with `specials=False`,
+    the characters alone: an unknown character is then refused, as there is no [UNK])."""
 
     kind = "char"
 
-    def __init__(self, chars: list[str]) -> None:
-        self.chars = chars
-        self.ids = {c: i for i, c in enumerate(chars, len(SPECIALS))}
+    def __init__(self, chars: list[str], specials: bool = True) -> None:
+        self.chars, self.specials = chars, specials
+        self.first = len(SPECIALS) if specials else 0
+        self.ids = {c: i for i, c in enumerate(chars, self.first)}
 
     @classmethod
-    def train(cls, texts: Iterable[str]) -> CharTokenizer:
+    def train(cls, texts: Iterable[str], specials: bool = True) -> CharTokenizer:
         seen: set[str] = set()
         for text in texts:
             seen.update(text)
-        return cls(sorted(seen))
+        return cls(sorted(seen), specials)
 
     @property
     def vocab_size(self) -> int:
-        return len(SPECIALS) + len(self.chars)
+        return self.first + len(self.chars)
 
     def encode(self, text: str) -> list[int]:
         ids = self.ids
-        return [ids.get(c, UNK) for c in text]
+        if self.specials:
+            return [ids.get(c, UNK) for c in text]
+        unknown = sorted(set(text) - set(ids))
+        if unknown:
+            raise ValueError(f"character(s) {''.join(unknown)!r} are not in this exact character vocabulary "
+                             f"({len(self.chars)} characters, no [UNK]); use characters of the training text")
+        return [ids[c] for c in text]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        n = len(SPECIALS)
-        return "".join(self.chars[i - n] if i >= n else ("\ufffd" if i == UNK else "") for i in map(int, ids))
+        n = self.first
+        return "".join(self.chars[i - n] if i >= n else ("\ufffd" if i == UNK and n else "") for i in map(int, ids))
 
     def save(self, path: str | Path) -> None:
-        data = {"kind": "char", "specials": SPECIALS, "chars": self.chars}
+        data = {"kind": "char", "specials": SPECIALS if self.specials else [], "chars": self.chars}
         Path(path).write_text(json.dumps(data, ensure_ascii=False))
 
 
@@ -104,7 +113,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     data = json.loads(path.read_text())
     if data.get("kind") == "char":
-        return CharTokenizer(data["chars"])
+        return CharTokenizer(data["chars"], specials=bool(data.get("specials", SPECIALS)))
     from tokenizers import Tokenizer as HFTokenizer
 
     return BpeTokenizer(HFTokenizer.from_file(str(path)))

@@ -79,7 +79,7 @@ def encode_prompts(loaded: Loaded, texts: list[str], device: torch.device) -> tu
     if empty:
         raise ValueError(f"prompt {empty[0]!r} encodes to no tokens; give at least one symbol")
     width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), state["pad_id"], dtype=torch.long)
+    tokens = torch.full((len(rows), width), max(state["pad_id"], 0), dtype=torch.long)  # -1: no pad id; masked
     for i, r in enumerate(rows):
         tokens[i, : len(r)] = torch.tensor(r)
     lengths = torch.tensor([len(r) for r in rows])

@@ -8,6 +8,9 @@ How each model kind reads a window of block_size + 1 tokens w:
 - encoder_decoder: continuation: the encoder reads the first half, the decoder predicts the second half;
 - encoder_only: masked-token prediction (BERT): 15% of positions are chosen, 80% of them become [MASK], 10% a
   random token, 10% stay; only chosen positions are labelled.
+With `exact_vocab=true` (characters only) the vocabulary is exactly the text's characters, found in the whole text
+as nanoGPT's shakespeare_char does (65 on Tiny Shakespeare, instead of 65 + 6 special ids); with no special ids
+there is no [MASK] and no start token, so only decoder_only reads it, and generation runs to max_new_tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ from typing import Any
 
 from archsweep.core.data import cache, paths, read
 from archsweep.core.data.tasks.base import Task
-from archsweep.core.data.tokenizer import MASK, SPECIALS, check_kind, chunks, load_tokenizer, train_tokenizer
+from archsweep.core.data.tokenizer import (
+    MASK,
+    SPECIALS,
+    CharTokenizer,
+    check_kind,
+    chunks,
+    load_tokenizer,
+    train_tokenizer,
+)
 from archsweep.variants.model import CAUSAL, SOURCE_TARGET, form_of
 
 GET_DATA = ("Set task.path to a UTF-8 text file or a folder of them (relative paths: the current directory, then "
@@ -38,9 +49,19 @@ class TextTask(Task):
 
     def __init__(self, path: str, data_dir: str | None, tokenizer: str, bpe_vocab_size: int, block_size: int,
                  batch_size: int, val_fraction: float, val_batches: int, test_batches: int, eval_seed: int,
-                 mask_prob: float = 0.15, cache_dir: str | None = None, name: str = "text") -> None:
+                 mask_prob: float = 0.15, cache_dir: str | None = None, name: str = "text",
+                 exact_vocab: bool = False) -> None:
         positive(block_size=block_size, batch_size=batch_size, val_batches=val_batches, test_batches=test_batches)
         check_kind(tokenizer, bpe_vocab_size)
+        if exact_vocab not in (True, False):
+            raise ValueError(f"task.exact_vocab={exact_vocab!r} must be true or false")
+        if exact_vocab and tokenizer != "char":
+            raise ValueError(f"task.exact_vocab=true needs task.tokenizer=char (a {tokenizer} vocabulary has its "
+                             f"special tokens); set task.tokenizer=char or task.exact_vocab=false")
+        self.exact_vocab = exact_vocab
+        if exact_vocab:  # no special ids: -1 is never a token (generation runs to its length, nothing is padding)
+            self.pad_id = self.bos_id = self.eos_id = self.sep_id = -1
+            self.forms = (CAUSAL,)
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"task.val_fraction={val_fraction} must be in (0, 1) (nanoGPT holds out 0.1)")
         if not 0.0 < mask_prob < 1.0:
@@ -54,9 +75,11 @@ class TextTask(Task):
         files = read.text_files(source, f"task.path={path}", GET_DATA)
         settings = {"tokenizer": tokenizer, "bpe_vocab_size": bpe_vocab_size if tokenizer == "bpe" else None,
                     "val_fraction": val_fraction, "n_files": len(files)}
+        if exact_vocab:
+            settings["exact_vocab"] = True  # (absent by default: the existing cache entries stay valid)
         self.dir, info = cache.prepared(paths.cache_dir(cache_dir), f"text-{tokenizer}", files, settings,
                                         lambda tmp: self._build(tmp, source, path, tokenizer, bpe_vocab_size,
-                                                                val_fraction))
+                                                                val_fraction, exact_vocab))
         self.vocab_size, self.sizes = info["vocab_size"], info["tokens"]
         for split, n in self.sizes.items():
             if n <= block_size:
@@ -68,14 +91,18 @@ class TextTask(Task):
 
     @staticmethod
     def _build(tmp: Path, source: Path, path: str, kind: str, bpe_vocab_size: int,
-               val_fraction: float) -> dict[str, Any]:
+               val_fraction: float, exact_vocab: bool = False) -> dict[str, Any]:
         import numpy as np
 
         text = read.read_text(source, f"task.path={path}", GET_DATA)
         cut = int(len(text) * (1 - val_fraction))
         parts = {"train": text[:cut], "val": text[cut:]}
-        cache.say(f"training a {kind} tokenizer on {len(parts['train']):,} characters")
-        tok = train_tokenizer(kind, chunks(parts["train"]), bpe_vocab_size)
+        if exact_vocab:  # every character of the text, so that nothing needs an [UNK]
+            tok = CharTokenizer.train(chunks(text), specials=False)
+            cache.say(f"exact character vocabulary: {tok.vocab_size} characters")
+        else:
+            cache.say(f"training a {kind} tokenizer on {len(parts['train']):,} characters")
+            tok = train_tokenizer(kind, chunks(parts["train"]), bpe_vocab_size)
         tok.save(tmp / "tokenizer.json")
         dtype = np.uint16 if tok.vocab_size < 1 << 16 else np.int32
         tokens = {}
@@ -85,6 +112,12 @@ class TextTask(Task):
             tokens[split] = len(ids)
             cache.say(f"{split}: {len(part):,} characters -> {len(ids):,} tokens")
         return {"vocab_size": tok.vocab_size, "tokens": tokens}
+
+    def why_not(self, kind: str) -> str:
+        if self.exact_vocab:
+            return (f"task.exact_vocab=true leaves no special ids (no [MASK], no start token), so it serves only "
+                    f"{', '.join(self.kinds())}; set task.exact_vocab=false for the others")
+        return super().why_not(kind)
 
     @property
     def tokenizer(self):
