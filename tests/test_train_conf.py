@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from archsweep.core.data.tasks import IGNORE_INDEX
@@ -17,6 +19,8 @@ from archsweep.core.model.build import build_model
 from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.loggers import make_loggers
 from archsweep.core.train.optim import make_optimizer, make_scheduler
+from archsweep.variants.model import IMAGE, form_of, kinds_of
+from archsweep.variants.pos import POS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64"]  # any task's defaults
@@ -24,6 +28,39 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
 
 def options(*groups: str) -> list[str]:
     return [f"{g}={p.stem}" for g in groups for p in sorted((CONF / g).glob("*.yaml"))]
+
+
+def needs_images(choice: str) -> bool:
+    """An option that works on image input only: a kind of the image form, a task that feeds only that form, or
+    an encoding laid on a patch grid."""
+    group, option = choice.split("=")
+    if group == "model":
+        return form_of(option) == IMAGE
+    if group == "task":
+        return get_class(OmegaConf.load(CONF / "task" / f"{option}.yaml")._target_).forms == (IMAGE,)
+    return group == "pos" and getattr(POS.get(option), "image_only", False)
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory) -> str:
+    """A small labelled image set (.npz), for image tasks whose yaml leaves `task.path` to the user."""
+    path = tmp_path_factory.mktemp("images") / "images.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, x=rng.integers(0, 256, (60, 8, 8, 3), dtype=np.uint8), y=np.arange(60) % 3)
+    return str(path)
+
+
+def companions(choice: str, image_file: str, tokens: tuple[str, ...] = ()) -> list[str]:
+    """What `choice` is composed with: for image input, the first image kind and an image task (`digits`, or the
+    chosen one given `image_file` where its yaml leaves the path to the user); else `tokens`."""
+    if not needs_images(choice):
+        return list(tokens)
+    group, option = choice.split("=")
+    out = [] if group == "model" else [f"model={kinds_of((IMAGE,))[0]}"]
+    if group != "task":
+        return [*out, "task=digits"]
+    path = OmegaConf.load(CONF / "task" / f"{option}.yaml").get("path", "given")
+    return [*out, *([f"task.path={image_file}"] if path is None else [])]
 
 
 def compose_train(*overrides: str):
@@ -38,8 +75,8 @@ def test_every_group_has_options():
 
 
 @pytest.mark.parametrize("choice", options("model", "norm", "pos", "ffn", "attention", "task", "experiment"))
-def test_option_builds_and_runs_forward(choice):
-    cfg = compose_train(choice, *TINY)
+def test_option_builds_and_runs_forward(choice, image_file):
+    cfg = compose_train(choice, *companions(choice, image_file), *TINY)
     task = build_task(cfg)
     model_cfg = model_config(cfg, task)
     check_training(cfg)
@@ -60,8 +97,8 @@ def test_option_builds_and_runs_forward(choice):
 
 @pytest.mark.parametrize("model", options("model"))
 @pytest.mark.parametrize("attention", options("attention"))
-def test_every_attention_kind_trains_with_every_model_kind(model, attention):
-    cfg = compose_train(model, attention, "task=copy", *TINY)
+def test_every_attention_kind_trains_with_every_model_kind(model, attention, image_file):
+    cfg = compose_train(model, attention, *companions(model, image_file, tokens=("task=copy",)), *TINY)
     task = build_task(cfg)
     model_cfg = model_config(cfg, task)
     check_training(cfg)

@@ -3,7 +3,8 @@
 A task describes its codec as a small JSON-serialisable dict (`Task.codec_state()`), which train.py stores in
 every checkpoint:
 - `symbols`: synthetic tasks; ids from `first` on are the listed symbols, written separated by `joiner`;
-- `tokenizer`: text and translation tasks; the tokenizer files' JSON for the source and the target side.
+- `tokenizer`: text and translation tasks; the tokenizer files' JSON for the source and the target side;
+- `classes`: image tasks; the class names, id i being the i-th (prompts are images, so nothing is encoded).
 """
 
 from __future__ import annotations
@@ -68,11 +69,26 @@ class TokenizerCodec(Codec):
         return self.tokenizers[side].decode(ids[: ids.index(self.eos_id)] if self.eos_id in ids else ids)
 
 
+class ClassCodec(Codec):
+    eos_id = -1  # a class label has no end token
+
+    def __init__(self, classes: list[str]) -> None:
+        self.classes = classes
+
+    def encode(self, text: str, side: str = "src") -> list[int]:
+        raise ValueError("an image task's inputs are images, not text; there is nothing to encode")
+
+    def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
+        return " ".join(self.classes[i] if 0 <= i < len(self.classes) else str(i) for i in map(int, ids))
+
+
 def codec_from_state(state: dict[str, Any]) -> Codec:
     if state.get("type") == "symbols":
         return SymbolCodec(state["symbols"], state["first"], state["joiner"], state["eos_id"])
     if state.get("type") == "tokenizer":
         return TokenizerCodec(state["src"], state["tgt"], state["eos_id"])
+    if state.get("type") == "classes":
+        return ClassCodec(state["classes"])
     raise ValueError(f"unknown codec state {json.dumps(state)[:80]}; the checkpoint may come from a newer version")
 
 
@@ -89,6 +105,8 @@ def codec_state_for(task: Any) -> dict[str, Any]:
         joiner = "" if isinstance(task, AdditionTask) else " "
         return {"type": "symbols", "symbols": symbols, "first": task.first_symbol, "joiner": joiner,
                 "seq2seq": True, **ids}
+    if hasattr(task, "class_names"):  # image tasks: a label per image
+        return {"type": "classes", "classes": list(task.class_names), "seq2seq": False, **ids}
     if isinstance(task, TextTask):
         text = (task.dir / "tokenizer.json").read_text()
         return {"type": "tokenizer", "src": text, "tgt": text, "seq2seq": False, **ids}

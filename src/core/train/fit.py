@@ -3,7 +3,9 @@
 <run dir>/config.yaml        resolved config (what was trained, vocab sizes filled in)
 <run dir>/metrics.csv        every logged metric, whatever the logger
 <run dir>/checkpoints/       last.ckpt (resume) and best.ckpt (lowest val/loss)
-<run dir>/attention/         attention maps at each validation (step_<step>.png; `diagnostics:` settings)
+<run dir>/attention/         attention maps at each validation (step_<step>.png; `diagnostics:` settings; image
+                             tasks also patches_step_<step>.png: attention over the patches on the images)
+<run dir>/confusion_matrix_<split>.png, .json   image tasks: the test split's confusion matrix
 <run dir>/results.json       final metrics and facts about the run (keys: README, "Outputs")
 """
 
@@ -32,12 +34,13 @@ from archsweep.core.train.callback_group import make_callbacks
 from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, StopOnSignal
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
+from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import Setup, write_json
-from archsweep.variants.model import BIDIRECTIONAL, form_of
+from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
 
@@ -179,6 +182,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                                             cfg.eval.show_examples, cfg.seed))
     callbacks += diagnostic_callbacks(setup.diagnostics, setup.task, kind, text, cfg.seed, info.run_dir,
                                       compiled=cfg.compile)
+    if form_of(kind) == IMAGE:  # top-5 accuracy, confusion matrix, attention over the patches
+        callbacks += image_callbacks(setup.task, kind, cfg.seed, info.run_dir, setup.diagnostics.attention_maps)
     callbacks += make_callbacks(setup.callbacks)  # the `callbacks` group, after train.py's own
     trainer = make_trainer(cfg, loggers, callbacks, info.run_dir)
     if trainer.is_global_zero:

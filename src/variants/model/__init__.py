@@ -13,7 +13,9 @@ KIND: Registry = Registry("kind", __name__, default="encoder_decoder")
 SOURCE_TARGET = "source_target"  # an encoder reads the source, a decoder predicts the target
 CAUSAL = "causal"  # one causal stack over one sequence (a pair packed as a prefix LM)
 BIDIRECTIONAL = "bidirectional"  # one bidirectional stack over one sequence (tagging, masked tokens, classes)
-FORMS = (SOURCE_TARGET, CAUSAL, BIDIRECTIONAL)
+FORMS = (SOURCE_TARGET, CAUSAL, BIDIRECTIONAL)  # the token-sequence forms (what a task feeds by default)
+IMAGE = "image"  # one bidirectional stack over an image's patches, classifying the image (ViT)
+ALL_FORMS = (*FORMS, IMAGE)
 
 
 def form_of(kind: str) -> str:

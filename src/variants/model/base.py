@@ -9,6 +9,9 @@ A kind says how it is put together from stacks (`assemble`, given the builder's 
   (`model(tokens, pad_mask, positions, cache)`).
 - `BIDIRECTIONAL`: one bidirectional stack over one sequence, predicting a token per position (tagging, masked
   tokens) or a class (`model(tokens, pad_mask)`, `classify`).
+- `IMAGE`: one bidirectional stack over an image's patches, predicting its class (`model(images)` ->
+  (B, n_classes)); such a kind also says `n_tokens(sizes)` (its sequence length), `patch_grid` (H/P, W/P) and
+  `n_prefix` (tokens before the patches, e.g. a class token).
 
 A new kind is one file in this folder, `@KIND.register("<name>")` on its class, and `conf/model/<name>.yaml`.
 """

@@ -1,0 +1,43 @@
+"""Patch embedding of the Vision Transformer (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words", eq. 1):
+the image is cut into P x P patches, each flattened and projected linearly to D, and a learned class token is
+prepended. The projection is a strided convolution (kernel = stride = P), which computes exactly flatten + linear
+with the weight reshaped (`patchify` is that reshape; a test holds the equality)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def patchify(images: Tensor, patch_size: int) -> Tensor:
+    """(B, C, H, W) -> (B, N, C P P), patches in row-major order, each flattened channel-first like a conv
+    weight (C, P, P)."""
+    b, c, h, w = images.shape
+    p = patch_size
+    x = images.reshape(b, c, h // p, p, w // p, p)  # (B, C, H/P, P, W/P, P)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // p) * (w // p), c * p * p)  # (B, N, C P P)
+
+
+class PatchEmbedding(nn.Module):
+    """images (B, C, H, W) -> tokens (B, N + class token, D), N = (H / P)(W / P)."""
+
+    def __init__(self, in_channels: int, patch_size: int, d_model: int, class_token: bool) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if class_token else None  # zeros, as the paper's
+
+    @property
+    def n_prefix(self) -> int:
+        """Tokens before the patches (the class token)."""
+        return 0 if self.cls_token is None else 1
+
+    def patches(self, images: Tensor) -> Tensor:
+        x = self.proj(images)  # (B, D, H/P, W/P)
+        return x.flatten(2).transpose(1, 2)  # (B, N, D)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.patches(images)  # (B, N, D)
+        if self.cls_token is None:
+            return x
+        return torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)  # (B, 1 + N, D)
