@@ -26,7 +26,9 @@ from archsweep.variants.attention.layers import Attention, CrossAttention, SelfA
 from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
 from archsweep.variants.ffn import GatedFeedForward
+from archsweep.variants.model import IMAGE, form_of
 from archsweep.variants.norm import Residual
+from archsweep.variants.patches import PatchEmbedding
 
 Row = tuple[int, str, tuple[int, ...], str]  # indent, stage, shape, dimension names
 
@@ -102,7 +104,8 @@ def module_is_causal(model: nn.Module, stack: str) -> bool:
 
 def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tuple[str, str, str]]) -> list[Any]:
     """Forward hooks that append one row per stage; returns their handles."""
-    length = {"encoder": "S"}  # the encoder runs over the source; every other stack over the target
+    image = form_of(cfg.kind) == IMAGE
+    length = {"encoder": "N" if image else "S"}  # the source (or an image's patches); other stacks: the target
     placement = cfg.variant("norm").formula
     gated = any(isinstance(m, GatedFeedForward) for m in model.modules())
     handles = []
@@ -114,8 +117,16 @@ def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tu
     for name, module in model.named_modules():
         stack = name.split(".")[0]
         t = length.get(stack, "T")
-        if isinstance(module, Stack):
-            on(module, lambda m, a, n=name, t=t: rows.append((0, f"{n}: tokens", _shape(a[0]), f"B {t}")), pre=True)
+        if isinstance(module, PatchEmbedding):
+            _patch_rows(module, on, rows)
+        elif name in ("pre_logits", "classifier") and image:
+            label = "MLP head: dense + tanh (pre-logits)" if name == "pre_logits" else "class logits"
+            on(module, lambda m, a, o, label=label: rows.append((0, label, _shape(o), "B Dm" if "MLP" in label
+                                                                else "B K")))
+        elif isinstance(module, Stack):
+            what = "patch tokens (embedded above)" if image else "tokens"
+            names = f"B {t} D" if image else f"B {t}"
+            on(module, lambda m, a, n=name, w=what, d=names: rows.append((0, f"{n}: {w}", _shape(a[0]), d)), pre=True)
             last = "final norm" if cfg.variant("norm").final_norm else "stack output (no final norm)"
             on(module, lambda m, a, o, t=t, last=last: rows.append((1, last, _shape(o), f"B {t} D")))
         elif isinstance(module, TokenEmbedding):
@@ -151,7 +162,31 @@ def _hooks(model: nn.Module, cfg: ModelConfig, rows: list[Row], current: list[tu
     return handles
 
 
+def _patch_rows(module: PatchEmbedding, on: Callable, rows: list[Row]) -> None:
+    """Rows of the ViT's patch embedding: image -> conv patches -> sequence (+ class token)."""
+    p = module.patch_size
+    on(module, lambda m, a: rows.append((0, "image", _shape(a[0]), "B C Hi Wi")), pre=True)
+    on(module.proj, lambda m, a, o: rows.append((1, f"patch embedding: conv {p}x{p}, stride {p} (= flatten + linear)",
+                                                 _shape(o), "B D Hi/P Wi/P")))
+    cls = ", class token prepended" if module.cls_token is not None else " (no class token: mean pooling)"
+    on(module, lambda m, a, o: rows.append((1, f"flatten to a sequence{cls}", _shape(o), "B N D")))
+
+
+def _image_legend(cfg: ModelConfig, batch: dict[str, Any]) -> list[str]:
+    _, c, h, w = batch["images"].shape
+    gh, gw = h // cfg.patch_size, w // cfg.patch_size
+    extra = " + 1 class token" if cfg.pooling == "cls" else ""
+    head = [f"Dm={cfg.head_hidden} MLP head width"] if cfg.head_hidden else []
+    return [f"C={c} channels", f"Hi={h} Wi={w} image height and width", f"P={cfg.patch_size} patch size",
+            f"N={cfg.variant('kind').n_tokens(cfg.sizes())} tokens = (Hi/P)(Wi/P){extra} = {gh}x{gw}{extra}", *head]
+
+
 def _legend(model: nn.Module, cfg: ModelConfig, batch: dict[str, Any]) -> str:
+    if "images" in batch:
+        dims = [f"B={batch['images'].shape[0]} batch", *_image_legend(cfg, batch), f"D={cfg.d_model} d_model",
+                f"H={cfg.n_heads} heads", f"Dh={cfg.head_dim} head_dim", f"F={cfg.d_ff} d_ff",
+                f"K={cfg.n_classes} classes"]
+        return ", ".join(dims)
     dims = [f"B={next(v for v in batch.values() if isinstance(v, Tensor)).shape[0]} batch"]
     if "src" in batch:
         dims.append(f"S={batch['src'].shape[1]} source length")
