@@ -106,3 +106,32 @@ def test_bits_per_char_counts_the_characters_of_the_targets(model):
 def test_bad_settings_are_refused(model, lengths, stride, field):
     with pytest.raises(ValueError, match=field):
         context_table(model, markov_text(100), lengths, stride)
+
+
+@pytest.mark.slow
+def test_evaluate_py_writes_the_by_context_table(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "run"
+    train = [sys.executable, "train.py", "model=decoder_only", "pos=learned", "task=shakespeare_char",
+             "model.max_seq_len=64", "task.block_size=32", "model.d_model=32", "model.n_layers=1",
+             "trainer.max_steps=10", "trainer.val_check_interval=5", "task.val_batches=1", "task.test_batches=1",
+             "logger=none", f"hydra.run.dir={run}", f"output_root={tmp_path}"]
+    out = subprocess.run(train, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    evaluate = [sys.executable, "evaluate.py", f"ckpt={run}", "eval.context_lengths=[32,64,128]", "eval.stride=16",
+                "eval.context_tokens=2000", f"output={tmp_path / 'eval.json'}"]
+    out = subprocess.run(evaluate, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "length     64 (sliding, stride 16)" in out.stdout and "length    128: not applicable" in out.stdout
+    table = json.loads((tmp_path / "eval.json").read_text())["by_context"]
+    assert table["train_length"] == 32 and table["split"] == "test"
+    modes = [(r["length"], r.get("mode")) for r in table["rows"]]
+    assert modes == [(32, "non_overlapping"), (32, "sliding"), (64, "non_overlapping"), (64, "sliding"), (128, None)]
+    assert table["ppl_ratio"] == pytest.approx(table["rows"][2]["ppl"] / table["rows"][0]["ppl"])

@@ -143,3 +143,28 @@ def extrapolation_ratio(rows: list[dict[str, Any]], train_length: int) -> float 
 def chars_per_token(decode: Callable[[list[int]], str], vocab_size: int) -> Tensor:
     """(V,) characters each token id decodes to, for bits per character (0 for ids that decode to nothing)."""
     return torch.tensor([len(decode([i])) for i in range(vocab_size)], dtype=torch.float64)
+
+
+def evaluate_contexts(model: nn.Module, task: Any, split: str, lengths: list[int], stride: int | None,
+                      max_tokens: int | None, batch_size: int = 8,
+                      progress: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """The by-context table of a language model on `split` of `task` (its first `max_tokens` tokens): rows per
+    length, the training length (the task's context) and ppl(longest) / ppl(training length)."""
+    import numpy as np
+
+    check_lengths(lengths, stride)
+    stream = task.token_stream(split)
+    if stream is None:
+        raise ValueError(f"eval.context_lengths: task={task.name} is made of separate examples, not a running text; "
+                         f"evaluation at other context lengths needs a language-model task (text, shakespeare_char)")
+    if max_tokens is not None:
+        stream = stream[:max_tokens]
+    stream = torch.from_numpy(np.asarray(stream).astype(np.int64))
+    chars = chars_per_token(task.decode, model.config.vocab_size)
+    train_length = task.max_input_len(model.config.kind)
+    if progress is not None:
+        progress(f"evaluating {split} at contexts {', '.join(map(str, lengths))} (trained at {train_length}) over "
+                 f"{len(stream):,} tokens")
+    rows = context_table(model, stream, list(lengths), stride, batch_size, chars, progress)
+    return {"split": split, "train_length": train_length, "tokens": len(stream), "rows": rows,
+            "ppl_ratio": extrapolation_ratio(rows, train_length)}

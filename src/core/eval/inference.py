@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from archsweep.core.data.codec import Codec, codec_from_state, codec_state_for
@@ -86,7 +86,8 @@ def encode_prompts(loaded: Loaded, texts: list[str], device: torch.device) -> tu
     return tokens.to(device), (torch.arange(width)[None, :] < lengths[:, None]).to(device)
 
 
-ENTRY_KEYS = {"evaluate": ("ckpt", "task", "splits", "decode_limit", "buckets", "seed", "device", "output", "decoding"),
+ENTRY_KEYS = {"evaluate": ("ckpt", "task", "splits", "decode_limit", "buckets", "seed", "device", "output", "decoding",
+                           "eval"),
               "generate": ("ckpt", "prompt", "prompts", "device", "decoding")}  # conf/<entry>.yaml
 
 
@@ -211,6 +212,13 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         print(f"  {summary['n']} examples in {time.time() - start:.1f}s: " +
               ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if k not in ("n", "decoded")), flush=True)
     print_length_table(report["by_length"])
+    if cfg.eval.context_lengths is not None:
+        from archsweep.core.eval.context import evaluate_contexts
+
+        lengths = OmegaConf.to_container(cfg.eval.context_lengths) if isinstance(cfg.eval.context_lengths, ListConfig) \
+            else cfg.eval.context_lengths
+        report["by_context"] = evaluate_contexts(loaded.model, task, cfg.eval.context_split, lengths, cfg.eval.stride,
+                                                 cfg.eval.context_tokens)
     output = Path(cfg.output) if cfg.output else loaded.path.with_suffix(".eval.json")
     tmp = output.with_name(output.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")

@@ -80,6 +80,11 @@ class Task:
     def save(self, run_dir: str | Path) -> None:
         """Write what a run needs to read its outputs back (a tokenizer) into the run directory (str or Path)."""
 
+    def token_stream(self, split: str) -> Any:
+        """The split as one running text of token ids (a 1-D array), for evaluation at any context length; None
+        for tasks made of separate examples."""
+        return None
+
     def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
         """The function running a model of `kind` on one of this task's batches, returning logits (B, T, V)
         aligned with batch["labels"] (B, T)."""
