@@ -202,6 +202,12 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
     val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
+    by_context = None
+    if cfg.eval.get("context_lengths") is not None and trainer.is_global_zero:
+        from archsweep.core.eval.context import evaluate_contexts
+
+        by_context = evaluate_contexts(lit.model, setup.task, "test", list(cfg.eval.context_lengths),
+                                       cfg.eval.get("stride"), cfg.eval.get("context_tokens"), progress=log.info)
     results = None
     if trainer.is_global_zero:
         results = {
@@ -212,6 +218,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             "steps": trainer.global_step, "val": metrics_of("val", val),
             **{split: metrics_of(split, test) for split in setup.task.test_splits},
             "by_length": lit.by_length,  # split -> source length -> {"n", "exact_match", "acc"}
+            "by_context": by_context,  # eval.context_lengths: {"split", "train_length", "rows", "ppl_ratio"}
             "best_checkpoint": best,
             "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
             "tokens_per_s": progress.tokens_per_s * trainer.world_size,

@@ -154,6 +154,14 @@ def check_training(cfg: DictConfig) -> Checked:
         fail(f"threads={threads!r} must be a positive number of CPU threads, or null for torch's default")
     if not isinstance(cfg.eval.decode_samples, int) or cfg.eval.decode_samples < 0:
         fail(f"eval.decode_samples={cfg.eval.decode_samples!r} must be a number of examples >= 0 (0: no decoding)")
+    if cfg.eval.get("context_lengths") is not None:
+        from archsweep.core.eval.context import check_lengths
+
+        try:
+            check_lengths(OmegaConf.to_container(cfg.eval.context_lengths) if OmegaConf.is_list(
+                cfg.eval.context_lengths) else cfg.eval.context_lengths, cfg.eval.get("stride"))
+        except ValueError as e:
+            fail(str(e))
     interval = trainer.get("val_check_interval")
     if not isinstance(interval, int) or interval < 1:
         fail(f"trainer.val_check_interval={interval!r} must be a positive number of training batches")
@@ -179,6 +187,10 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     task = build_task(cfg)
+    if cfg.eval.get("context_lengths") is not None and type(task).token_stream is Task.token_stream:
+        raise ConfigError(f"eval.context_lengths: task={task.name} is made of separate examples, not a running text; "
+                          f"evaluation at other context lengths needs a language-model task (text, "
+                          f"shakespeare_char); remove eval.context_lengths")
     try:
         check_ddp_validation(cfg.trainer, task)
     except ValueError as e:
