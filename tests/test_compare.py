@@ -297,3 +297,28 @@ def test_nan_metric_sorts_last_and_json_stays_strict(tmp_path):
     write(report, plots=False)
     data = json.loads((s / "comparison.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in json"))
     assert data["cells"][1]["stats"]["val/loss"]["mean"] is None
+
+
+def by_context(ppl: dict[int, float], train_length: int = 64) -> dict:
+    rows = [{"length": n, "mode": "non_overlapping", "ppl": p, "applicable": True} for n, p in ppl.items()]
+    rows.append({"length": 4 * max(ppl), "applicable": False, "reason": "a learned table"})
+    return {"by_context": {"split": "test", "train_length": train_length, "rows": rows,
+                           "ppl_ratio": ppl[max(ppl)] / ppl[train_length]}}
+
+
+def test_by_context_plot_and_the_perplexity_ratio_column(tmp_path):
+    import matplotlib.pyplot as plt
+
+    s = tmp_path / "s"
+    write_run(s / "0", ["pos=rotary", "seed=0"], done(1.0, 0.0, 0.0, **by_context({64: 5.0, 128: 10.0})))
+    write_run(s / "1", ["pos=rotary", "seed=1"], done(1.0, 0.0, 0.0, **by_context({64: 5.0, 128: 20.0})))
+    write_run(s / "2", ["pos=alibi", "seed=0"], done(1.2, 0.0, 0.0, **by_context({64: 6.0, 128: 6.0})))
+    report = compare([s], out=tmp_path / "report")
+    by_cell = {c.label.split("=")[-1]: c for c in report.cells}
+    assert "by_context/ppl_ratio" in report.columns, report.columns
+    assert by_cell["rotary"].stats["by_context/ppl_ratio"].mean == pytest.approx(3.0)  # (2 + 4) / 2
+    assert by_cell["alibi"].stats["by_context/ppl_ratio"].mean == pytest.approx(1.0)
+    written = [p.name for p in write(report)]
+    assert "comparison_by_context.png" in written
+    image = plt.imread(tmp_path / "report" / "comparison_by_context.png")
+    assert image.shape[0] > 100 and image.std() > 0

@@ -19,13 +19,14 @@ from archsweep.core.report.cells import (
     sort_cells,
     varying_keys,
 )
-from archsweep.core.report.plots import plot_by_length, plot_loss
+from archsweep.core.report.plots import plot_by_context, plot_by_length, plot_loss
 from archsweep.core.report.render import Report, csv_text, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
 FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
-         "loss": "comparison_val_loss.png", "length": "comparison_by_length.png"}
+         "loss": "comparison_val_loss.png", "length": "comparison_by_length.png",
+         "context": "comparison_by_context.png"}
 LENGTH_METRICS = ("exact_match", "acc")  # the metrics results.json's by_length holds per length
 
 
@@ -118,7 +119,8 @@ def write(report: Report, plots: bool = True, length_metric: str = "exact_match"
     if plots:
         made = {"validation loss": plot_loss(report.cells, d / FILES["loss"]),
                 f"{length_metric} by sequence length": plot_by_length(report.cells, d / FILES["length"],
-                                                                       length_metric)}
+                                                                       length_metric),
+                "perplexity by evaluation context": plot_by_context(report.cells, d / FILES["context"])}
         report.plots = {title: path for title, path in made.items() if path is not None}
     texts = {FILES["md"]: markdown(report), FILES["csv"]: csv_text(report), FILES["json"]: json_text(report)}
     for name, text in texts.items():

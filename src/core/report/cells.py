@@ -180,7 +180,8 @@ def metric_columns(runs: list[Run], wanted: list[str] | None) -> list[str]:
     have = lambda key: any(metric(r, key) is not None for r in done)
     if wanted:
         return list(wanted)
-    default = ["val/loss", "val/exact_match", "test/exact_match", "test_long/exact_match", "val/bleu", "test/bleu"]
+    default = ["val/loss", "val/exact_match", "test/exact_match", "test_long/exact_match", "val/bleu", "test/bleu",
+               "by_context/ppl_ratio"]
     return [k for k in default if have(k)]
 
 

@@ -123,3 +123,27 @@ def plot_by_length(cells: list[Cell], path: Path, name: str = "exact_match") -> 
     if edge is not None:
         ax.axvline(edge + 0.5, color="grey", ls="--", lw=1, label=f"training lengths end ({edge:g}): test | test_long")
     return _save(fig, ax, path)
+
+
+def by_context(run: Run) -> dict[float, float]:
+    """Evaluation length -> test perplexity (non-overlapping windows) from results.json's by_context."""
+    rows = (run.results.get("by_context") or {}).get("rows") or []
+    return {float(r["length"]): float(r["ppl"]) for r in rows
+            if isinstance(r, dict) and r.get("applicable") and r.get("mode") == "non_overlapping"}
+
+
+def plot_by_context(cells: list[Cell], path: Path) -> Path | None:
+    """Perplexity (log scale) against evaluation length per cell, with a line at the training context."""
+    drawn = [(c.label, curves) for c in cells if (curves := [x for r in c.of("completed") if (x := by_context(r))])]
+    if not drawn:
+        return None
+    fig, ax = _axes("test perplexity by evaluation context (mean +- 1 std over seeds)", "evaluation context (tokens)",
+                    "perplexity")
+    ax.set(xscale="log", yscale="log")
+    for label, curves in drawn:
+        _draw(ax, label, curves)
+    trained = {(r.results.get("by_context") or {}).get("train_length") for c in cells for r in c.of("completed")}
+    trained.discard(None)
+    for length in sorted(trained):
+        ax.axvline(length, color="grey", ls="--", lw=1, label=f"training context ({length})")
+    return _save(fig, ax, path)
