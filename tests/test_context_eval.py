@@ -135,3 +135,38 @@ def test_evaluate_py_writes_the_by_context_table(tmp_path):
     modes = [(r["length"], r.get("mode")) for r in table["rows"]]
     assert modes == [(32, "non_overlapping"), (32, "sliding"), (64, "non_overlapping"), (64, "sliding"), (128, None)]
     assert table["ppl_ratio"] == pytest.approx(table["rows"][2]["ppl"] / table["rows"][0]["ppl"])
+
+
+@pytest.mark.slow
+def test_init_from_fine_tunes_with_another_rope_scaling_and_refuses_other_architectures(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from archsweep.core.model.checkpoint import CheckpointError, init_weights_from, load_model
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    common = ["model=decoder_only", "pos=rotary", "task=shakespeare_char", "model.d_model=32", "model.n_layers=1",
+              "trainer.max_steps=6", "trainer.val_check_interval=3", "task.val_batches=1", "task.test_batches=1",
+              "schedule.warmup_steps=1", "logger=none", f"output_root={tmp_path}"]
+    first = tmp_path / "first"
+    out = subprocess.run([sys.executable, "train.py", *common, "task.block_size=32", f"hydra.run.dir={first}"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    tuned = tmp_path / "tuned"
+    out = subprocess.run([sys.executable, "train.py", *common, "task.block_size=64", "model.pos.scaling=linear",
+                          "model.pos.factor=2.0", f"init_from={first}", f"hydra.run.dir={tuned}"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"initialised from the weights of {first}/checkpoints/best.ckpt" in out.stdout + out.stderr
+    source = load_model(first / "checkpoints" / "best.ckpt")
+    model = build_model(ModelConfig(**{**source.config.to_dict(), "pos": {"name": "rotary", "scaling": "ntk",
+                                                                          "factor": 4.0}}))
+    init_weights_from(model, first)
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    wider = build_model(ModelConfig(**{**source.config.to_dict(), "d_ff": 16}))
+    with pytest.raises(CheckpointError, match="holds weights of another architecture.*shapes differ"):
+        init_weights_from(wider, first)

@@ -95,6 +95,44 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path):
     return model
 
 
+def resolve_init(value: str | Path) -> Path:
+    """The checkpoint file train.py's `init_from` names (a run directory: best.ckpt, else last.ckpt), checked to
+    be a complete archive (no torch needed)."""
+    path = Path(value)
+    if path.is_dir():
+        path = next((path / CKPT_DIR / n for n in ("best.ckpt", "last.ckpt") if (path / CKPT_DIR / n).is_file()),
+                    path / CKPT_DIR / "best.ckpt")
+    if not path.is_file():
+        raise CheckpointError(f"init_from={value}: no checkpoint there; give a .ckpt file written by train.py or "
+                              f"its run directory")
+    check_checkpoint_file(path)
+    return path
+
+
+def init_weights_from(model, value: str | Path) -> Path:
+    """Load the weights of a train.py checkpoint (a .ckpt file, or a run directory: its best.ckpt, else last.ckpt)
+    into `model`, which must have the same parameters; options that add no weights may differ (RoPE scaling, the
+    context length of a table-free encoding, dropout). Returns the file read. For fine-tuning (train.py
+    `init_from`); resuming a run is `ckpt_path`."""
+    path = resolve_init(value)
+    ckpt = read_checkpoint(path)
+    if "state_dict" not in ckpt:
+        raise CheckpointError(f"init_from={path} is not a train.py checkpoint (no 'state_dict' entry)")
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(set(own) & set(state))
+              if state[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"missing {', '.join(missing[:4])}" if missing else "",
+                 f"unexpected {', '.join(unexpected[:4])}" if unexpected else "",
+                 f"shapes differ: {'; '.join(shapes[:4])}" if shapes else ""]
+        raise CheckpointError(f"init_from={path} holds weights of another architecture ({'; '.join(p for p in parts if p)}); "
+                              f"init_from needs the same sizes and variants, only weight-free options may change")
+    model.load_state_dict(state)
+    return path
+
+
 def atomic_save(obj: Any, path: str | Path) -> None:
     """torch.save to a temporary file beside `path`, then rename over it: a reader never sees a partial file
     and an interrupted save leaves the previous checkpoint intact."""

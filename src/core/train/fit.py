@@ -39,7 +39,7 @@ from archsweep.core.train.lit import LitModel
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.runinfo import RunInfo, wandb_config
-from archsweep.core.train.setup import Setup, write_json
+from archsweep.core.train.setup import ConfigError, Setup, write_json
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -153,6 +153,13 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     meta_in = setup.resume
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = build_model(setup.model_cfg)
+    if cfg.get("init_from") is not None and meta_in is None:  # fine-tuning; a resumed run has its own weights
+        from archsweep.core.model.checkpoint import CheckpointError, init_weights_from
+
+        try:
+            log.info(f"initialised from the weights of {init_weights_from(model, cfg.init_from)}")
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
     n_params = count_parameters(model)
     if cfg.compile:
         model.compile()

@@ -24,6 +24,7 @@ from archsweep.core.model.checkpoint import (
     CheckpointError,
     check_checkpoint_file,
     read_checkpoint,
+    resolve_init,
     resolve_checkpoint,
     safe_load,
 )
@@ -184,6 +185,8 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
         if cfg.ckpt_path is not None:
             ckpt = resolve_checkpoint(str(cfg.ckpt_path), "resume", cfg.output_root, info.overrides)
             check_checkpoint_file(ckpt)
+        if cfg.get("init_from") is not None:
+            resolve_init(str(cfg.init_from))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     task = build_task(cfg)
