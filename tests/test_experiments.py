@@ -22,7 +22,7 @@ from archsweep.variants.pos import POS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-ABLATIONS = ["norm_placement", "positional", "ffn_activation", "architecture"]
+ABLATIONS = ["norm_placement", "positional", "ffn_activation", "architecture", "vit_positions"]
 
 
 def compose_train(*overrides: str, hydra: bool = False):
@@ -185,3 +185,11 @@ def test_trace_shapes_from_the_command_line():
     assert len(q_rows) == 4 and all("(4, 4, " in line for line in q_rows)  # 4 layers, B=4, H=4
     assert "logits" in lines[-1] and "B T V" in lines[-1]
     assert not (ROOT / "outputs/.trace_test/checkpoints").exists()  # nothing was trained
+
+
+def test_vit_positions_grid_is_encodings_by_pooling_on_digits():
+    cfg = compose_train("experiment=vit_positions", hydra=True)
+    grid = sweep_values(cfg.hydra.sweeper.params)
+    assert grid == {"pos": ["learned", "sincos2d", "none"], "model.pooling": ["cls", "mean"], "seed": ["0", "1", "2"]}
+    assert cfg.model.kind == "vit" and cfg.task._target_.endswith("DigitsTask")
+    assert cfg.model.norm._target_.endswith("PreNorm") and cfg.model.ffn._target_.endswith("GELUFFN")  # the paper's
