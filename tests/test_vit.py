@@ -401,3 +401,21 @@ def test_vit_learns_digits():
         assert done.returncode == 0, done.stderr[-3000:]
         results = json.loads((run_dir / "results.json").read_text())
     assert results["test"]["acc"] >= 0.95, results["test"]
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["model=encoder_only", "task=digits"], r"model: task=digits cannot feed model kind=encoder_only: it feeds images, "
+                                            r"which only kind=vit reads; choose model= one of vit"),
+    (["model=vit"], r"model: task=reverse cannot feed model kind=vit: kind=vit reads images, and this task feeds token "
+                    r"sequences; choose model= one of decoder_only, encoder_decoder, encoder_only"),
+    (["model=vit", "task=digits", "model.max_seq_len=10"], r"model.max_seq_len=10 is shorter than the 17 tokens"),
+])
+def test_train_config_refusals_name_the_kind_and_task(overrides, match):
+    from hydra import compose, initialize_config_dir
+
+    from archsweep.core.train.job import ConfigError, build_task, model_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    with pytest.raises(ConfigError, match=match):
+        model_config(cfg, build_task(cfg))

@@ -71,6 +71,10 @@ def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
                               f"part of the model; conf/{axis}/<option>.yaml must begin with the line "
                               f"'# @package model.{axis}'")
     fields = OmegaConf.to_container(cfg.model, resolve=True)
+    try:
+        task.check_kind(str(fields.get("kind")))
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
     for key, value in task.model_fields().items():
         if fields.get(key) is None:
             fields[key] = value

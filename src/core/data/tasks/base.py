@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from archsweep.core.model.config import ModelConfig
-from archsweep.variants.model import FORMS, form_of, kinds_of
+from archsweep.variants.model import FORMS, IMAGE, form_of, kinds_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -49,11 +49,19 @@ class Task:
         """ModelConfig fields the task dictates."""
         return {"vocab_size": self.vocab_size, "src_vocab_size": self.src_vocab_size}
 
+    def check_kind(self, kind: str) -> None:
+        """Raise ValueError if this task cannot feed a model of `kind` (checked before the model's own fields,
+        which the task would otherwise fill for a kind it cannot serve)."""
+        form = form_of(kind)
+        if form not in self.forms:
+            why = f"kind={kind} reads images, and this task feeds token sequences" if form == IMAGE else \
+                self.why_not(kind)
+            raise ValueError(f"task={self.name} cannot feed model kind={kind}: {why}; "
+                             f"choose model= one of {', '.join(self.kinds())}")
+
     def check_model(self, cfg: ModelConfig) -> None:
         """Raise ValueError if a model built from `cfg` cannot be trained on this task."""
-        if form_of(cfg.kind) not in self.forms:
-            raise ValueError(f"task={self.name} cannot feed model kind={cfg.kind}: {self.why_not(cfg.kind)}; "
-                             f"choose model= one of {', '.join(self.kinds())}")
+        self.check_kind(cfg.kind)
         if cfg.vocab_size < self.vocab_size:
             raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than task={self.name}'s vocabulary "
                              f"({self.vocab_size}); leave model.vocab_size=null to take it from the task")
