@@ -9,6 +9,17 @@ import torch
 from torch import Tensor, nn
 
 
+def image_hw(image_size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+    """`image_size` (an int for a square, or [H, W]) -> (H, W)."""
+    return (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
+
+
+def patch_grid(image_size: int | list[int] | tuple[int, ...], patch_size: int) -> tuple[int, int]:
+    """(H / P, W / P): the patch grid of an image."""
+    h, w = image_hw(image_size)
+    return h // patch_size, w // patch_size
+
+
 def patchify(images: Tensor, patch_size: int) -> Tensor:
     """(B, C, H, W) -> (B, N, C P P), patches in row-major order, each flattened channel-first like a conv
     weight (C, P, P)."""

@@ -15,20 +15,9 @@ from torch import Tensor, nn
 from archsweep.variants.blocks import Stack
 from archsweep.variants.model import IMAGE, KIND
 from archsweep.variants.model.base import ModelKind, Parts
-from archsweep.variants.patches import PatchEmbedding
+from archsweep.variants.patches import PatchEmbedding, image_hw, patch_grid
 
 POOLINGS = ("cls", "mean")  # the class token, or the mean over the patch tokens (no class token)
-
-
-def image_hw(image_size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
-    """`image_size` (an int for a square, or [H, W]) -> (H, W)."""
-    return (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
-
-
-def patch_grid(sizes: Mapping[str, Any]) -> tuple[int, int]:
-    """(H / P, W / P): the patch grid of a model's image input."""
-    h, w = image_hw(sizes["image_size"])
-    return h // sizes["patch_size"], w // sizes["patch_size"]
 
 
 @KIND.register("vit")
@@ -50,7 +39,8 @@ class VisionTransformer(ModelKind):
         s = parts.sizes
         embed = PatchEmbedding(s["in_channels"], s["patch_size"], s["d_model"], class_token=s["pooling"] == "cls")
         encoder = parts.stack("encoder", nn.Identity(), s["n_layers"], causal=False, cross=False)
-        return cls(embed, encoder, s["d_model"], s["n_classes"], s["head_hidden"], patch_grid(s))
+        return cls(embed, encoder, s["d_model"], s["n_classes"], s["head_hidden"],
+                   patch_grid(s["image_size"], s["patch_size"]))
 
     @property
     def n_prefix(self) -> int:
@@ -60,7 +50,7 @@ class VisionTransformer(ModelKind):
     @classmethod
     def n_tokens(cls, sizes: Mapping[str, Any]) -> int:
         """Length of the sequence the stack reads: N = (H / P)(W / P) patches, plus the class token."""
-        gh, gw = patch_grid(sizes)
+        gh, gw = patch_grid(sizes["image_size"], sizes["patch_size"])
         return gh * gw + (sizes["pooling"] == "cls")
 
     @classmethod

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from archsweep.variants.model import IMAGE, kinds_of
+from archsweep.variants.patches import patch_grid
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
 
@@ -36,11 +37,8 @@ class SinCos2D(PositionalEncoding):
     def __init__(self, d_model: int, image_size: int | list[int] | None, patch_size: int,
                  temperature: float = 10000.0) -> None:
         super().__init__()
-        from archsweep.variants.model.vit import image_hw
-
-        h, w = image_hw(image_size)
-        self.register_buffer("table", sincos2d_table(h // patch_size, w // patch_size, d_model, temperature),
-                             persistent=False)  # (N, D)
+        rows, cols = patch_grid(image_size, patch_size)
+        self.register_buffer("table", sincos2d_table(rows, cols, d_model, temperature), persistent=False)  # (N, D)
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
