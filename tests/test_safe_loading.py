@@ -97,10 +97,17 @@ def test_a_dict_without_the_archsweep_entry_is_refused(tmp_path):
         load_model(path)
 
 
-def evaluate_cfg(path: Path, tmp_path: Path, task: dict | None = None):
-    return OmegaConf.create({"ckpt": str(path), "task": task or {}, "splits": ["test"], "decode_limit": 2,
-                             "buckets": 1, "seed": 0, "device": "cpu", "output": str(tmp_path / "eval.json"),
-                             "decoding": {"strategy": "greedy"}})
+def evaluate_cfg(path: Path, tmp_path: Path):
+    """evaluate.py's config as its command line composes it."""
+    from hydra import compose, initialize_config_dir
+
+    from archsweep import conf_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"ckpt={path}", "splits=[test]", "decode_limit=2", "buckets=1",
+                                             "device=cpu", f"output={tmp_path / 'eval.json'}"])
+    OmegaConf.set_struct(cfg, False)
+    return cfg
 
 
 def test_a_checkpoint_naming_a_foreign_task_target_is_refused_unrun(tmp_path):
