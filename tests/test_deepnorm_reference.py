@@ -152,4 +152,4 @@ def test_deepnorm_scales_values_outputs_and_ffn_by_beta_and_leaves_queries_and_k
             for what, (weight, gain) in expected.items():
                 fan_out, fan_in = weight.shape  # a (D, D) part of the fused projection has the fans of one
                 std = gain * xavier_std(fan_in, fan_out)
-                assert float(weight.std()) == pytest.approx(std, rel=0.05), (stack, what)
+                assert float(weight.detach().std()) == pytest.approx(std, rel=0.05), (stack, what)

@@ -153,7 +153,7 @@ def train_losses(run_dir: Path) -> list[tuple[int, str]]:
     return [(int(r["step"]), r["train/loss"]) for r in rows(run_dir) if r.get("train/loss")]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_with_a_checkpoint_and_resumes_exactly_in_place(tmp_path, signum):
     reference = tmp_path / "reference"
     code, out = train(tmp_path, *LONG, f"hydra.run.dir={reference}")
