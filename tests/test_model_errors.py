@@ -18,10 +18,10 @@ def cfg(**overrides) -> ModelConfig:
     (dict(d_model=512, n_heads=6), r"n_heads=6 must divide d_model=512"),
     (dict(d_model=36, n_heads=4, pos="rotary"), r"pos=rotary needs an even head dimension.*36/4 = 9"),
     (dict(n_kv_heads=3), r"n_kv_heads=3 must divide n_heads=4"),
-    (dict(pos="rope"), r"pos='rope' is not a known option; valid options: alibi, learned, none, relative, rotary, "
-                       r"sinusoidal"),
+    (dict(pos="rope"), r"pos='rope' is not a known option; valid options: alibi, deberta, learned, none, relative, "
+                       r"rotary, shaw, sincos2d, sinusoidal, xpos"),
     (dict(norm="prenorm"), r"norm='prenorm' is not a known option.*did you mean 'pre'"),
-    (dict(ffn="swish"), r"ffn='swish' is not a known option; valid options: geglu, gelu, relu, swiglu"),
+    (dict(ffn="swish"), r"ffn='swish' is not a known option; valid options: geglu, gelu, relu, relu2, swiglu"),
     (dict(kind="gpt"), r"kind='gpt' is not a known option; valid options: decoder_only, encoder_decoder, encoder_only"),
     (dict(norm_type="batchnorm"), r"norm_type='batchnorm'.*layernorm, rmsnorm"),
     (dict(init="kaiming"), r"init='kaiming'.*xavier, gpt2"),

@@ -45,7 +45,7 @@ def test_canonical_spec_fills_defaults_and_round_trips():
     assert spec == {"name": "rotary", "base": 10000.0, "scaling": "none", "factor": 1.0, "original_length": None,
                     "beta_fast": 32.0, "beta_slow": 1.0}
     assert POS.spec(spec) == spec and POS.spec({"_target_": "archsweep.variants.pos.rotary.Rotary"}) == spec
-    assert ModelConfig(pos={"name": "rotary", "base": 500}).validate().pos == {"name": "rotary", "base": 500}
+    assert ModelConfig(pos={"name": "rotary", "base": 500}).validate().pos == {**spec, "base": 500}
 
 
 def test_a_registry_refuses_kwargs_constructors_and_a_second_class_under_one_name():

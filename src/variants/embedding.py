@@ -27,8 +27,10 @@ class TokenEmbedding(nn.Module):
 class LMHead(nn.Module):
     """Logits over the vocabulary; with `tied_to`, the weight is the embedding matrix itself (one Parameter)."""
 
-    def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_to: TokenEmbedding | None) -> None:
+    def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_to: TokenEmbedding | None,
+                 softcap: float | None = None) -> None:
         super().__init__()
+        self.softcap = softcap  # logits become softcap * tanh(logits / softcap) (Gemma 2); None: off
         if tied_to is None:
             self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model ** -0.5)
         else:
@@ -36,4 +38,5 @@ class LMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)  # (B, T, V)
+        logits = F.linear(x, self.weight, self.bias)  # (B, T, V)
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)

@@ -42,24 +42,29 @@ class Parts:
 
     def head(self, embedding: TokenEmbedding) -> LMHead:
         cfg = self.cfg
-        return LMHead(cfg.d_model, cfg.vocab_size, cfg.output_bias, embedding if cfg.tie_embeddings else None)
+        return LMHead(cfg.d_model, cfg.vocab_size, cfg.output_bias, embedding if cfg.tie_embeddings else None,
+                      cfg.logit_softcap)
 
     def stack(self, role: str, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool) -> Stack:
         cfg, sizes = self.cfg, self.sizes
         norm = functools.partial(make_norm, cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         context: dict[str, Any] = {**sizes, "causal": causal, "role": role, "make_norm": norm}
         attn_args = (cfg.d_model, cfg.n_heads, cfg.kv_heads, sizes["attn_dropout"], cfg.bias)
+        qk_norm = functools.partial(make_norm, cfg.qk_norm, eps=cfg.norm_eps, bias=cfg.norm_bias) \
+            if cfg.qk_norm is not None else None  # called with head_dim
         blocks = [
             Block(
-                SelfAttention(*attn_args, layer=i, kernel=ATTENTION.build(cfg.attention, {**context, "layer": i})),
+                SelfAttention(*attn_args, layer=i, kernel=ATTENTION.build(cfg.attention, {**context, "layer": i}),
+                              qk_norm=qk_norm),
                 FFN.build(cfg.ffn, context),
                 functools.partial(NORM.build, cfg.norm, context),
-                CrossAttention(*attn_args, layer=i) if cross else None,
+                CrossAttention(*attn_args, layer=i, qk_norm=qk_norm, softcap=cfg.attn_softcap) if cross else None,
             )
             for i in range(n_layers)
         ]
         final_norm = norm() if cfg.variant("norm").final_norm else None
-        stack = Stack(embedding, POS.build(cfg.pos, context), blocks, final_norm, causal, sizes["emb_dropout"])
+        stack = Stack(embedding, POS.build(cfg.pos, context), blocks, final_norm, causal, sizes["emb_dropout"],
+                      cfg.attn_softcap)
         stack.checkpointing = cfg.activation_checkpointing
         return stack
 

@@ -80,6 +80,12 @@ class ModelConfig:
 
     activation_checkpointing: bool = False
 
+    # stability options of recent models (each off by default)
+    qk_norm: str | None = None  # layernorm | rmsnorm of queries and keys per head, after rotary (Dehghani et al. 2023)
+    attn_softcap: float | None = None  # attention scores -> c tanh(scores / c) (Gemma 2); needs a score matrix
+    logit_softcap: float | None = None  # output logits -> c tanh(logits / c) (Gemma 2)
+    z_loss: float = 0.0  # weight of the auxiliary loss log(Z)^2 of the output softmax (PaLM: 1e-4)
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
@@ -146,6 +152,7 @@ class ModelConfig:
         self._check_sizes()
         self._check_heads()
         self._check_dropouts()
+        self._check_stability()
         self._check_rules(resolved=False)
         KIND.get(self.kind)
         for axis, registry in AXES.items():
@@ -156,6 +163,10 @@ class ModelConfig:
         for axis in AXES:
             self.variant(axis).check(sizes, self.options(axis))
         self._check_rules(resolved=True)
+        if self.attn_softcap is not None and not self.variant("attention").forms_scores:
+            raise ValueError(f"attn_softcap={self.attn_softcap} caps the score matrix Q K^T, which "
+                             f"attention={self.choice('attention')} never forms; leave attn_softcap null or choose an "
+                             f"attention kind with softmax scores")
         return self
 
     def _check_rules(self, resolved: bool) -> None:
@@ -185,6 +196,17 @@ class ModelConfig:
         if self.n_heads % self.kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                              f"(grouped-query attention shares each key/value head among n_heads/n_kv_heads heads)")
+
+    def _check_stability(self) -> None:
+        if self.qk_norm is not None:
+            check_choice("qk_norm", self.qk_norm, list(NORM_TYPES))
+        for name in ("attn_softcap", "logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{name}={value!r} must be a positive cap (Gemma 2: 50 for attention, 30 for "
+                                 f"logits) or null for none")
+        if isinstance(self.z_loss, bool) or not isinstance(self.z_loss, (int, float)) or self.z_loss < 0:
+            raise ValueError(f"z_loss={self.z_loss!r} must be a weight >= 0 (PaLM: 1e-4; 0 turns it off)")
 
     def _check_dropouts(self) -> None:
         for name in ("dropout", "attn_dropout", "emb_dropout"):

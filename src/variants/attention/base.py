@@ -34,6 +34,7 @@ class AttnContext:
     cache: KVCache | None
     device: torch.device
     content_bias: Callable[[Tensor, Tensor, int], Tensor | None] = lambda q, k, layer: None  # per layer (Shaw)
+    softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2); None: off
     memo: dict[Any, Any] = field(default_factory=dict)
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -104,23 +105,27 @@ def repeat_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float,
-           record: list[Tensor] | None) -> Tensor:
+           record: list[Tensor] | None, softcap: float | None = None) -> Tensor:
     """Softmax attention. q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh).
 
     With `record` (a list) the probabilities are computed explicitly and appended to it; the outputs equal SDPA's.
+    `softcap` c caps the scores to c * tanh(scores / c) before masking (explicit path: SDPA has no such hook).
     """
     k, v = repeat_kv(q, k, v)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    if record is None:
+    if record is None and softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if is_causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     probs = scores.softmax(dim=-1)
-    record.append(probs.detach())
+    if record is not None:
+        record.append(probs.detach())
     return F.dropout(probs, dropout, training=dropout > 0) @ v
 
 

@@ -9,7 +9,7 @@ Inside `capture_attention(model)` each layer records its attention probabilities
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torch import Tensor, nn
 
@@ -20,13 +20,17 @@ from archsweep.variants.cache import KVCache
 class Attention(nn.Module):
     """Shared sizes and output projection of self- and cross-attention."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
+                 qk_norm: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.layer = layer  # index into the KV cache
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        # QK-norm (Dehghani et al. 2023; OLMo-2): queries and keys normalised per head over Dh, after rotary
+        self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
+        self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
         self.record: list[Tensor] | None = None  # set by capture_attention
 
     def split_heads(self, x: Tensor, heads: int) -> Tensor:
@@ -43,8 +47,8 @@ class Attention(nn.Module):
 
 class SelfAttention(Attention):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
-                 kernel: AttentionKernel) -> None:
-        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer)
+                 kernel: AttentionKernel, qk_norm: Callable[[int], nn.Module] | None = None) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, qk_norm)
         self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
         self.kernel = kernel
 
@@ -52,27 +56,30 @@ class SelfAttention(Attention):
         qkv = self.split_heads(self.qkv_proj(x), self.n_heads + 2 * self.n_kv_heads)  # (B, H + 2 Hkv, T, Dh)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = ctx.rotate_qk(q, k, ctx.positions)
+        q, k = self.q_norm(q), self.k_norm(k)
         return self.merge_heads(self.kernel(q, k, v, ctx, self.p_drop(), self.record))
 
 
 class CrossAttention(Attention):
     """Decoder queries over encoder output ("memory"); no positional encoding acts here, as in T5."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int) -> None:
-        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer)
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
+                 qk_norm: Callable[[int], nn.Module] | None = None, softcap: float | None = None) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, qk_norm)
+        self.softcap = softcap
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=bias)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
-        q = self.split_heads(self.q_proj(x), self.n_heads)
+        q = self.q_norm(self.split_heads(self.q_proj(x), self.n_heads))
         if cache is not None and self.layer in cache.cross:
             k, v = cache.cross[self.layer]
         else:
             k, v = self.kv_proj(memory).chunk(2, dim=-1)
-            k, v = self.split_heads(k, self.n_kv_heads), self.split_heads(v, self.n_kv_heads)
+            k, v = self.k_norm(self.split_heads(k, self.n_kv_heads)), self.split_heads(v, self.n_kv_heads)
             if cache is not None:
                 cache.cross[self.layer] = (k, v)
-        return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record))
+        return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record, self.softcap))
 
 
 @contextlib.contextmanager
