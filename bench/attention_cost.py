@@ -162,6 +162,7 @@ def report(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -175,6 +176,9 @@ def plot(rows: list[dict], path: str) -> None:
                 ax.plot(*zip(*pts), marker="o", label=kind)
             ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel=label,
                    title=f"{'one attention layer' if target == 'layer' else 'one training step, 2-layer decoder'}")
+            lengths = sorted({r["length"] for r in rows})
+            ax.set_xticks(lengths, [str(n) for n in lengths])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
     fig.suptitle(f"attention cost on {os.cpu_count()} CPU cores (batch {BATCH}, d_model {D_MODEL}, {HEADS} heads)")
@@ -191,11 +195,19 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     parser.add_argument("--plot", default="docs/attention_cost.png", help="PNG path ('' for none)")
     parser.add_argument("--json", default="", help="also write the rows here")
+    parser.add_argument("--replot", default="", help="print the table and draw the plot of rows written by --json")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "LENGTH", "TARGET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
         child(args.child[0], int(args.child[1]), args.child[2])
+        return
+    if args.replot:
+        with open(args.replot) as f:
+            rows = json.load(f)
+        print(report(rows))
+        if args.plot:
+            plot(rows, args.plot)
         return
     torch.set_num_threads(args.threads)
     print(f"attention cost: batch {BATCH}, d_model {D_MODEL}, {HEADS} heads, {args.threads} threads, torch "
