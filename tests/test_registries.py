@@ -114,7 +114,10 @@ def test_a_cross_axis_refusal_comes_before_torch_is_imported():
     import sys
 
     code = ("import sys\nfrom archsweep.core.model.config import ModelConfig\n"
+            "from archsweep.variants.model import form_of\n"
+            "print(form_of('decoder_only'), form_of('encoder_decoder'))\n"
             "try:\n    ModelConfig(vocab_size=9, attention='performer', pos='alibi').validate()\n"
             "except ValueError as e:\n    print(e)\nprint('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "attention=performer never forms the score matrix" in out and out.strip().endswith("False"), out
+    assert out.startswith("causal source_target"), out  # a kind's form, read from its source

@@ -251,11 +251,17 @@ class Registry(Generic[T]):
         if self._static is None:
             registered: dict[str, str] = {}
             classes: dict[str, tuple[list[str], dict[str, Any]]] = {}
-            for folder in importlib.import_module(self.package).__path__:
+            folders = list(importlib.import_module(self.package).__path__)
+            constants = {}  # the family's module-level literals (e.g. CAUSAL = "causal"), for `form = CAUSAL`
+            for folder in folders:
+                init = Path(folder) / "__init__.py"
+                if init.is_file():
+                    constants.update(_literals(ast.parse(init.read_text()).body, {}))
+            for folder in folders:
                 for path in sorted(Path(folder).glob("*.py")):
                     for node in ast.parse(path.read_text()).body:
                         if isinstance(node, ast.ClassDef):
-                            classes.setdefault(node.name, _class_facts(node))
+                            classes.setdefault(node.name, _class_facts(node, constants))
                             registered.update({n: node.name for n in _registered_names(node)})
             self._static = registered, classes
         return self._static
@@ -278,18 +284,27 @@ def _registered_names(node: ast.ClassDef) -> list[str]:
             and d.args and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)]
 
 
-def _class_facts(node: ast.ClassDef) -> tuple[list[str], dict[str, Any]]:
-    bases = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))]
-    attrs: dict[str, Any] = {}
-    for item in node.body:
+def _literals(body: list[ast.stmt], constants: Mapping[str, Any]) -> dict[str, Any]:
+    """Names assigned a literal (or a name in `constants`) in a module or class body."""
+    found: dict[str, Any] = {}
+    for item in body:
         target = item.targets[0] if isinstance(item, ast.Assign) and len(item.targets) == 1 else \
             item.target if isinstance(item, ast.AnnAssign) and item.value is not None else None
-        if isinstance(target, ast.Name):
-            try:
-                attrs[target.id] = ast.literal_eval(item.value)
-            except (ValueError, TypeError, SyntaxError):
-                pass
-    return bases, attrs
+        if not isinstance(target, ast.Name):
+            continue
+        if isinstance(item.value, ast.Name) and item.value.id in constants:
+            found[target.id] = constants[item.value.id]
+            continue
+        try:
+            found[target.id] = ast.literal_eval(item.value)
+        except (ValueError, TypeError, SyntaxError):
+            pass
+    return found
+
+
+def _class_facts(node: ast.ClassDef, constants: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    bases = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))]
+    return bases, _literals(node.body, constants)
 
 
 class Choices:

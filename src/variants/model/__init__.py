@@ -19,8 +19,9 @@ ALL_FORMS = (*FORMS, IMAGE)
 
 
 def form_of(kind: str) -> str:
-    """How the model kind named `kind` reads data: SOURCE_TARGET, CAUSAL or BIDIRECTIONAL."""
-    return KIND.get(kind).form
+    """How the model kind named `kind` reads data (one of ALL_FORMS). Read from its source while the kinds are
+    not imported, so a task can check a kind before torch loads."""
+    return KIND.declared(kind, "form") or KIND.get(kind).form
 
 
 def kinds_of(forms: tuple[str, ...]) -> list[str]:
