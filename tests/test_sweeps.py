@@ -176,3 +176,23 @@ def test_metrics_file_is_what_compare_reads(preset_sweep):
     with open(run_dir / "metrics.csv") as f:
         steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("val/loss")]
     assert steps and max(steps) <= 8
+
+
+def test_a_sweep_cell_stays_re_runnable_after_a_new_option_with_a_default(tmp_path):
+    """A finished cell whose config predates an option (added since with a default) is still the same cell; a
+    changed setting is not."""
+    import json
+
+    import yaml
+
+    from archsweep.core.train.sweep import earlier_run
+
+    before = {"seed": 0, "model": {"d_model": 64, "pos": {"name": "rotary", "base": 10000.0}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(before))
+    (tmp_path / "results.json").write_text(json.dumps({"status": "completed"}))
+    now = {"seed": 0, "model": {"d_model": 64, "pos": {"name": "rotary", "base": 10000.0, "scaling": "none"},
+                                "norm_bias": True}}
+    assert earlier_run(tmp_path, now) == ("finished", {"status": "completed"})
+    changed = {**now, "model": {**now["model"], "d_model": 32}}
+    with pytest.raises(ValueError, match="holds a run with other settings.*model.d_model: 64 -> 32"):
+        earlier_run(tmp_path, changed)

@@ -50,8 +50,13 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Settings that differ between an earlier run's config `a` and this job's `b`. A key `a` lacks is a setting
+    added to the framework since that run (the same sweep's overrides cannot add one), so it is not a difference:
+    a sweep stays re-runnable after an update that adds an option with a default."""
     out = []
     for key in sorted(set(a) | set(b)):
+        if key not in a:
+            continue
         x, y = a.get(key), b.get(key)
         if isinstance(x, dict) and isinstance(y, dict):
             out += _diff(x, y, f"{prefix}{key}.")
