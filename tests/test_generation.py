@@ -15,6 +15,9 @@ from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.pos import POS
 
+# encodings of token sequences (an image-only one, sincos2d, is tested with the ViT in test_vit.py)
+SEQUENCE_POS = [p for p in POS.names() if not getattr(POS.get(p), "image_only", False)]
+
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 20
 
 
@@ -39,7 +42,7 @@ def run(model, cfg: DecodingConfig, x=None, mask=None):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
-@pytest.mark.parametrize("pos", POS.names())
+@pytest.mark.parametrize("pos", SEQUENCE_POS)
 def test_cached_and_uncached_decoding_give_the_same_tokens(kind, pos):
     model = tiny(kind, pos)
     for cfg in (DecodingConfig(max_new_tokens=12), DecodingConfig("beam", max_new_tokens=8, beam_size=3, n_best=3)):

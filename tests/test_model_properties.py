@@ -12,6 +12,9 @@ from archsweep.variants.cache import KVCache
 from archsweep.variants.norm import NORM
 from archsweep.variants.pos import POS, ALiBi, RelativeBias, Rotary
 
+# encodings of token sequences (an image-only one, sincos2d, is tested with the ViT in test_vit.py)
+SEQUENCE_POS = [p for p in POS.names() if not getattr(POS.get(p), "image_only", False)]
+
 VOCAB, PAD = 23, 0
 
 
@@ -27,7 +30,7 @@ def tokens(b: int, t: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(1, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("pos", POS.names())
+@pytest.mark.parametrize("pos", SEQUENCE_POS)
 def test_decoder_only_is_causal(pos):
     model = tiny("decoder_only", pos)
     x = tokens(2, 12)
@@ -39,7 +42,7 @@ def test_decoder_only_is_causal(pos):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-@pytest.mark.parametrize("pos", POS.names())
+@pytest.mark.parametrize("pos", SEQUENCE_POS)
 def test_encoder_decoder_decoder_is_causal_and_encoder_is_not(pos):
     model = tiny("encoder_decoder", pos)
     src, tgt = tokens(2, 9), tokens(2, 8, seed=2)
@@ -54,7 +57,7 @@ def test_encoder_decoder_decoder_is_causal_and_encoder_is_not(pos):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only", "encoder_only"])
-@pytest.mark.parametrize("pos", POS.names())
+@pytest.mark.parametrize("pos", SEQUENCE_POS)
 def test_appending_padding_leaves_real_outputs_unchanged(kind, pos):
     model = tiny(kind, pos)
     x = tokens(2, 7)
@@ -96,7 +99,7 @@ def decode_with_cache(model, kind, x, chunks, src=None):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
-@pytest.mark.parametrize("pos", POS.names())
+@pytest.mark.parametrize("pos", SEQUENCE_POS)
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_kv_cache_decoding_equals_full_forward(kind, pos, norm):
     model = tiny(kind, pos, norm=norm, n_kv_heads=2)
@@ -233,7 +236,7 @@ def test_activation_checkpointing_gives_same_gradients(norm):
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only", "encoder_only"])
-@pytest.mark.parametrize("pos", POS.names())
+@pytest.mark.parametrize("pos", SEQUENCE_POS)
 def test_bf16_autocast_forward_backward_with_padding(kind, pos):
     model = tiny(kind, pos).train()
     x = tokens(2, 9)
