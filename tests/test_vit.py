@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -356,9 +357,9 @@ def test_shape_trace_shows_the_patch_embedding():
 
 
 def run_train(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {"WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**__import__("os").environ, **env})
+                          text=True, timeout=600, env=env)
 
 
 @pytest.mark.slow
