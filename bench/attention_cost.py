@@ -7,7 +7,8 @@ self-attention layer and of one training step of a small decoder, as ratios to `
 Times are measured in this process, the kinds interleaved at each length (medians of --repeats). Peak memory is
 measured in a fresh child process per kind, length and target (CPU PyTorch keeps no allocator statistics): after
 a warm-up call the kernel's peak-RSS mark is reset, and the figure is how far one more call raises it above the
-resident set before it; large allocations are forced to be mapped, so freed tensors leave the resident set. FLOPs/token is the analytic forward count of the attention
+resident set before it; large allocations are forced to be mapped, so freed tensors leave the resident set.
+FLOPs/token is the analytic forward count of the attention
 core (`flops_per_token` of the kind: scores and values over the keys each query sees; feature maps and states
 for the kernel kinds), the projections excluded (they are the same for every kind).
 """
@@ -173,7 +174,7 @@ def plot(rows: list[dict], path: str) -> None:
             ax = axes[row][col]
             for kind in KINDS:
                 pts = [(r["length"], r[key]) for r in rows if r["target"] == target and r["kind"] == kind]
-                ax.plot(*zip(*pts), marker="o", label=kind)
+                ax.plot(*zip(*pts, strict=True), marker="o", label=kind)
             ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel=label,
                    title=f"{'one attention layer' if target == 'layer' else 'one training step, 2-layer decoder'}")
             lengths = sorted({r["length"] for r in rows})

@@ -15,7 +15,6 @@ from archsweep.variants.pos.shaw import ShawRelative
 from archsweep.variants.pos.xpos import XPos
 
 
-
 @pytest.fixture(autouse=True)
 def float64():
     """Every module and tensor of these tests in fp64; the default is restored for the other test files."""

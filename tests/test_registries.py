@@ -97,7 +97,8 @@ def test_what_the_sources_declare_matches_the_imported_classes():
 
     for name in POS.names():
         cls = POS.get(name)
-        hooks = cls.attn_bias is not PositionalEncoding.attn_bias or cls.content_bias is not PositionalEncoding.content_bias
+        hooks = (cls.attn_bias is not PositionalEncoding.attn_bias
+                 or cls.content_bias is not PositionalEncoding.content_bias)
         assert cls.score_bias == hooks, name  # the flag tells the truth
         fresh = Registry("pos", "archsweep.variants.pos", "sinusoidal")  # reads sources, imports nothing
         assert fresh.declared(name, "score_bias") == cls.score_bias, name

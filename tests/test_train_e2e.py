@@ -30,7 +30,8 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
-GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",
+GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding",
+          "callbacks",
           "experiment", "hparams_search"}
 
 

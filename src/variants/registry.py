@@ -303,7 +303,8 @@ def _literals(body: list[ast.stmt], constants: Mapping[str, Any]) -> dict[str, A
 
 
 def _class_facts(node: ast.ClassDef, constants: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    bases = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))]
+    bases = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+             if isinstance(b, (ast.Name, ast.Attribute))]
     return bases, _literals(node.body, constants)
 
 

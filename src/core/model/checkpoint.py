@@ -127,7 +127,8 @@ def init_weights_from(model, value: str | Path) -> Path:
         parts = [f"missing {', '.join(missing[:4])}" if missing else "",
                  f"unexpected {', '.join(unexpected[:4])}" if unexpected else "",
                  f"shapes differ: {'; '.join(shapes[:4])}" if shapes else ""]
-        raise CheckpointError(f"init_from={path} holds weights of another architecture ({'; '.join(p for p in parts if p)}); "
+        found = "; ".join(p for p in parts if p)
+        raise CheckpointError(f"init_from={path} holds weights of another architecture ({found}); "
                               f"init_from needs the same sizes and variants, only weight-free options may change")
     model.load_state_dict(state)
     return path

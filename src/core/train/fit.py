@@ -36,8 +36,8 @@ from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
 from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
-from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
+from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup, write_json
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of

@@ -24,8 +24,8 @@ from archsweep.core.model.checkpoint import (
     CheckpointError,
     check_checkpoint_file,
     read_checkpoint,
-    resolve_init,
     resolve_checkpoint,
+    resolve_init,
     safe_load,
 )
 from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig

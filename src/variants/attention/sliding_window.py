@@ -8,7 +8,8 @@ in local layers, so their memory stays constant however long the generation.
 
 Without a cache and on inputs longer than twice the window, queries are processed in blocks of `window`, each
 against its neighbouring key blocks only (the chunked form of Longformer), so time and memory grow as T x window.
-Otherwise backends: `sdpa` (a boolean band mask over all keys, any device); `flex` (FlexAttention with a block mask, which skips the
+Otherwise backends: `sdpa` (a boolean band mask over all keys, any device); `flex` (FlexAttention with a block
+mask, which skips the
 blocks outside the band; compiled on GPUs); `auto` takes `flex` on CUDA when nothing needs the explicit path
 (no score bias, no attention dropout, no recorded maps) and `sdpa` otherwise. Both give the same outputs.
 """
@@ -23,8 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from archsweep.variants.attention import ATTENTION
-from archsweep.variants.attention.base import (AttentionKernel, AttnContext, attend, combine_mask, mean_keys,
-                                               repeat_kv)
+from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend, combine_mask, mean_keys, repeat_kv
 
 BACKENDS = ("auto", "sdpa", "flex")
 _compiled_flex: Any = None
