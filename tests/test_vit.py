@@ -420,3 +420,16 @@ def test_train_config_refusals_name_the_kind_and_task(overrides, match):
         cfg = compose("train", overrides=overrides)
     with pytest.raises(ConfigError, match=match):
         model_config(cfg, build_task(cfg))
+
+
+def test_evaluate_and_generate_refuse_an_image_checkpoint_saying_where_its_metrics_are():
+    from pathlib import Path
+
+    from archsweep.core.eval.inference import Loaded, refuse_images
+
+    loaded = Loaded(Path("run/checkpoints/best.ckpt"), None, "vit", None, {}, {})
+    for entry in ("evaluate", "generate"):
+        with pytest.raises(ValueError, match=rf"kind=vit classifies images; {entry}.py reads token-sequence models "
+                                             r"only.*results.json"):
+            refuse_images(loaded, entry)
+    refuse_images(Loaded(Path("x.ckpt"), None, "decoder_only", None, {}, {}), "evaluate")  # token models pass

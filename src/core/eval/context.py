@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from typing import TYPE_CHECKING, Any
 
 from archsweep.variants.model import CAUSAL, form_of
+
+if TYPE_CHECKING:  # torch is imported where it is used, so train.py can check the settings before loading it
+    from torch import Tensor, nn
 
 
 def not_applicable(model: nn.Module, length: int) -> str | None:
@@ -48,13 +47,15 @@ def windows(n_tokens: int, length: int, stride: int | None) -> tuple[list[int], 
     return starts, min(step, length)
 
 
-@torch.no_grad()
 def context_loss(model: nn.Module, stream: Tensor, length: int, stride: int | None = None, batch_size: int = 8,
                  token_chars: Tensor | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Mean next-token loss of a causal LM over `stream` (N,) at context `length`; see the module docstring.
 
     Returns {length, mode, stride, tokens, loss, ppl, bits_per_token, bits_per_char (if token_chars: characters
     per token id), applicable: True}, or {length, applicable: False, reason}."""
+    import torch
+    import torch.nn.functional as F
+
     reason = not_applicable(model, length)
     starts, new = windows(len(stream), length, stride)
     if reason is None and not starts:
@@ -64,6 +65,8 @@ def context_loss(model: nn.Module, stream: Tensor, length: int, stride: int | No
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    grad_was = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
     nats = torch.zeros((), dtype=torch.float64, device=device)
     chars = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
@@ -86,6 +89,7 @@ def context_loss(model: nn.Module, stream: Tensor, length: int, stride: int | No
                 progress(f"  length {length}: {first + batch_size}/{len(starts)} windows")
     finally:
         model.train(was_training)
+        torch.set_grad_enabled(grad_was)
     mean = float(nats) / count
     row = {"length": length, "mode": "non_overlapping" if new == length else "sliding",
            "stride": new, "tokens": count, "loss": mean, "ppl": math.exp(min(mean, 700.0)),
@@ -142,6 +146,8 @@ def extrapolation_ratio(rows: list[dict[str, Any]], train_length: int) -> float 
 
 def chars_per_token(decode: Callable[[list[int]], str], vocab_size: int) -> Tensor:
     """(V,) characters each token id decodes to, for bits per character (0 for ids that decode to nothing)."""
+    import torch
+
     return torch.tensor([len(decode([i])) for i in range(vocab_size)], dtype=torch.float64)
 
 
@@ -151,6 +157,7 @@ def evaluate_contexts(model: nn.Module, task: Any, split: str, lengths: list[int
     """The by-context table of a language model on `split` of `task` (its first `max_tokens` tokens): rows per
     length, the training length (the task's context) and ppl(longest) / ppl(training length)."""
     import numpy as np
+    import torch
 
     check_lengths(lengths, stride)
     stream = task.token_stream(split)

@@ -22,7 +22,7 @@ from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_b
 from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
-from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, form_of
+from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, IMAGE, SOURCE_TARGET, form_of
 
 
 @dataclass
@@ -43,6 +43,15 @@ def pick_device(name: str) -> torch.device:
 
 def decoding_config(cfg: DictConfig) -> DecodingConfig:
     return DecodingConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def refuse_images(loaded: Loaded, entry: str) -> None:
+    """generate.py and evaluate.py read token-sequence checkpoints; an image classifier is refused with where its
+    test metrics are instead of failing on a missing batch key."""
+    if form_of(loaded.kind) == IMAGE:
+        raise ValueError(f"ckpt={loaded.path}: kind={loaded.kind} classifies images; {entry}.py reads token-sequence "
+                         f"models only. Its test metrics are in the run's results.json and "
+                         f"confusion_matrix_test.json")
 
 
 def load(value: str | Path, device: torch.device) -> Loaded:
@@ -114,6 +123,7 @@ def run_generate(cfg: DictConfig) -> list[list[tuple[str, float]]]:
     decoding = decoding_config(cfg.decoding)
     device = pick_device(cfg.device)
     loaded = load(cfg.ckpt, device)
+    refuse_images(loaded, "generate")
     if form_of(loaded.kind) == BIDIRECTIONAL:
         raise ValueError(f"{loaded.path} holds an {loaded.kind} model, which is bidirectional and does not "
                          f"generate; use evaluate.py for its metrics")
@@ -195,6 +205,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     decoding = decoding_config(cfg.decoding)
     device = pick_device(cfg.device)
     loaded = load(cfg.ckpt, device)
+    refuse_images(loaded, "evaluate")
     task_cfg = OmegaConf.merge(OmegaConf.create(loaded.config["task"]), cfg.task)
     task = task_from_config(OmegaConf.to_container(task_cfg, resolve=True), where=str(loaded.path))
     splits = list(cfg.splits) if cfg.splits is not None else list(task.test_splits)

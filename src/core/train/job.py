@@ -202,8 +202,8 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
         check_ddp_validation(cfg.trainer, task)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    checked = check_training(cfg)  # before the model: its variants import torch, these settings need not
     model_cfg = model_config(cfg, task)
-    checked = check_training(cfg)
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
 
 
