@@ -54,12 +54,12 @@ def test_training_and_evaluate_decode_the_same_examples_with_the_same_results(ca
     callback = DecodeOnValidation(task, "encoder_decoder", codec, decoding, samples=12, show=100, seed=0)
     module = Recorder(model)
     trainer = SimpleNamespace(sanity_checking=False, state=SimpleNamespace(fn="validate"), loggers=[],
-                              global_step=0)
+                              global_step=0, is_global_zero=True)
     with caplog.at_level("INFO"):
         callback.on_validation_epoch_end(trainer, module)
     printed = "\n".join(r.getMessage() for r in caplog.records)
-    refs = [line.split("ref: ", 1)[1] for line in printed.splitlines() if "  ref: " in line]
-    outs = [line.split("out: ", 1)[1] for line in printed.splitlines() if "  out: " in line]
+    refs = [line.split("ref: ", 1)[1] for line in printed.splitlines() if " ref: " in line]
+    outs = [line.split("out: ", 1)[1] for line in printed.splitlines() if " out: " in line]
 
     loaded = Loaded(path=None, model=model, kind="encoder_decoder", codec=codec, codec_state=state, config={})
     summary, _, results = evaluate_split(loaded, task, "val", decoding, decode_limit=12, seed=0,

@@ -89,8 +89,9 @@ class Progress(L.Callback):
             return
         m = trainer.callback_metrics
         keys = [k for k in ("val/loss", "val/ppl", "val/acc", "val/exact_match") if k in m]
+        names = {"exact_match": "teacher-forced exact match"}  # decoded exact match: the decoding line
         log.info(f"validation at step {trainer.global_step}: " + ", ".join(
-            f"{k.split('/')[1]} {float(m[k]):.4f}" for k in keys))
+            f"{names.get(k.split('/')[1], k.split('/')[1])} {float(m[k]):.4f}" for k in keys))
 
     @property
     def tokens_per_s(self) -> float:

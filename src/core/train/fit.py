@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from archsweep.core.data.codec import codec_from_state, codec_state_for
+from archsweep.core.data.paths import cache_dir
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.checkpoint import CKPT_DIR
@@ -37,9 +38,11 @@ from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
 from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
+from archsweep.core.train.compute import Compute
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup, write_json
+from archsweep.core.train.summary import summary_line
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -78,12 +81,41 @@ def sweep_job_for_ddp(info: RunInfo) -> None:
         hc.run.dir = str(info.run_dir)
 
 
+def validation_every(max_steps: int, interval: int) -> int:
+    """Steps between validations: `interval`, or in a run shorter than it (a short sweep) the largest divisor of
+    max_steps that gives at least four validations, the last at the final step, so loss curves are curves."""
+    if max_steps >= interval:
+        return interval
+    return max(d for d in range(1, max(max_steps // 4, 1) + 1) if max_steps % d == 0)
+
+
 def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_dir: Path) -> L.Trainer:
     args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    args.pop("peak_flops", None)  # ours (MFU), not Lightning's
     accumulate = args.get("accumulate_grad_batches", 1)
-    args["val_check_interval"] = min(args["val_check_interval"], args["max_steps"] * accumulate)
+    every = validation_every(args["max_steps"], args["val_check_interval"])
+    if every != args["val_check_interval"]:
+        log.info(f"trainer.max_steps={args['max_steps']} is below trainer.val_check_interval="
+                 f"{args['val_check_interval']}: validating every {every} steps instead")
+    args["val_check_interval"] = every * accumulate
     return L.Trainer(**args, logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()],
                      default_root_dir=str(run_dir))
+
+
+def wandb_lines(loggers: list[Any]) -> list[str]:
+    """W&B runs silent (core/train/console.py); this is what it would have said that matters: where the run is."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    lines = []
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment  # starts the W&B run now rather than at the first logged metric
+            if getattr(run, "settings", None) is not None and run.settings.mode == "offline":
+                lines.append(f"W&B offline run in {run.settings.sync_dir}; upload it with "
+                             f"`wandb sync {run.settings.sync_dir}`")
+            elif getattr(run, "url", None):
+                lines.append(f"W&B run {run.url}")
+    return lines
 
 
 def metrics_of(split: str, out: dict[str, Any]) -> dict[str, float]:
@@ -101,6 +133,8 @@ def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_c
         nan = {f"{split}/{k}": math.nan for split in ("val", *splits) for k in ("loss", "ppl", "acc", "exact_match")}
         return nan, nan, None
     ckpt = "best" if best else None
+    log.info(f"evaluating {f'the best checkpoint ({best})' if best else 'the final weights'} on "
+             f"{', '.join(('val', *splits)[:-1])} and {splits[-1]}")
     val = trainer.validate(lit, datamodule=data, ckpt_path=ckpt, verbose=False)[0]
     test = {k: v for out in trainer.test(lit, datamodule=data, ckpt_path=ckpt, verbose=False) for k, v in out.items()}
     return val, test, best
@@ -179,10 +213,11 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                               save_top_k=1, save_last=True, auto_insert_metric_name=False,
                               enable_version_counter=False)
     progress = Progress(start_time)
+    compute = Compute(cfg.trainer.get("peak_flops"), cache_dir(cfg.task.get("cache_dir")))
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
     last_path = info.run_dir / CKPT_DIR / "last.ckpt"
-    callbacks: list[L.Callback] = [ckpt_cb, progress, StopOnSignal(last_path)]
+    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, StopOnSignal(last_path)]
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
@@ -198,6 +233,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         setup.task.save(info.run_dir)  # e.g. the tokenizer, so the run's outputs can be decoded
         log.info(f"run {info.name!r} in {info.run_dir}: {setup.model_cfg.kind}, {n_params:,} parameters"
                  + (f", resuming from {setup.ckpt_path}" if setup.ckpt_path else ""))
+        for line in wandb_lines(loggers):
+            log.info(line)
     data = TaskData(setup.task, setup.model_cfg.kind, cfg.seed)
     reset_peak()
     fit_start = time.time()
@@ -229,14 +266,13 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             "best_checkpoint": best,
             "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
             "tokens_per_s": progress.tokens_per_s * trainer.world_size,
+            **compute.summary(progress.train_s, trainer.world_size),  # flops_per_token, total_flops, mfu, peak_flops
             "peak_memory_mib": peak_mib(lit.device),  # of this process (rank 0); see core/train/memory.py
             "train_time_s": progress.train_s, "fit_time_s": fit_s, "wall_time_s": time.time() - start_time,
             "time_to_first_step_s": progress.first_step_s, "world_size": trainer.world_size,
             "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id,
         }
         write_json(info.run_dir / "results.json", results)
-        log.info(f"done in {results['wall_time_s']:.0f} s: val exact match {results['val']['exact_match']:.4f}, "
-                 f"test exact match {results['test']['exact_match']:.4f}, {results['tokens_per_s']:,.0f} tok/s; "
-                 f"results in {info.run_dir / 'results.json'}")
+        log.info(summary_line(setup.task, results, info.run_dir / "results.json"))
     finish_wandb()
     return results

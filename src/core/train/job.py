@@ -31,6 +31,7 @@ from archsweep.core.model.checkpoint import (
 from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
 from archsweep.core.train.callback_group import check_callbacks
 from archsweep.core.train.checks import check_ddp_validation, check_optimiser, check_seed, check_trainer, check_warmup
+from archsweep.core.train.console import job_prefix, quiet_libraries, set_job
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
 from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process
@@ -306,6 +307,8 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
     """Train one configuration. Returns the final validation loss (NaN for a failed job in a sweep, which is
     recorded and does not stop the other jobs)."""
     info = run_info(cfg)
+    set_job(job_prefix(info.job_num, info.name) if info.multirun else None)
+    quiet_libraries()
     lock = None
     try:
         if info.multirun and not is_worker_process():  # jobs of a sweep never share a directory
@@ -333,6 +336,7 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         check_resume(setup)
         from archsweep.core.train.fit import train
 
+        quiet_libraries()  # now that Lightning is imported: its own console handler goes
         results = train(cfg, setup, info, start_time)
     except CellConflict as error:  # never record anything in that directory
         log.error(f"job {info.job_num} ({info.name}) not run: {error}")

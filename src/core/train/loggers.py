@@ -87,9 +87,12 @@ def make_loggers(logger_cfg: dict[str, Any], run_dir: Path, name: str, group: st
         if mode != "disabled":
             from lightning.pytorch.loggers import WandbLogger
 
-            loggers.append(WandbLogger(
+            wandb_logger = WandbLogger(
                 name=name, save_dir=str(run_dir), project=logger_cfg["project"], entity=logger_cfg.get("entity"),
-                group=group, tags=tags, id=run_id, resume="allow", mode=mode, config=config, job_type="train"))
+                group=group, tags=tags, id=run_id, resume="allow", mode=mode, config=config, job_type="train")
+            # Lightning passes anonymous=None, which W&B answers with a deprecation notice on every run
+            wandb_logger._wandb_init.pop("anonymous", None)
+            loggers.append(wandb_logger)
     elif kind == "tensorboard":
         from lightning.pytorch.loggers import TensorBoardLogger
 

@@ -1,0 +1,86 @@
+"""What a train.py job prints: one line per event, in one format, naming the job in a sweep.
+
+Hydra configures the logging (conf/hydra/job_logging/archsweep.yaml: `ConsoleFormatter` on the terminal, the full
+format in <run dir>/train.log). Lightning's own console handler, which printed every Lightning line a second
+time, is removed once Lightning is imported; its tips and the accelerator lines that say nothing on this machine
+are dropped; Python warnings go through the same logging (and the ones that only concern Lightning's or W&B's
+internals are dropped); W&B is silent, and train.py prints its run directory and sync command once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+_JOB: list[str] = []  # the job's prefix in a sweep, e.g. "job 3 norm=pre" (empty: a single run)
+
+# messages (their beginning) that never help the user of train.py
+DROPPED = (
+    "💡 Tip:",  # Lightning's advertisements
+    "TPU available:", "HPU available:", "IPU available:",
+    "Restoring states from the checkpoint path", "Loaded model weights from the checkpoint",  # fit.py says which
+)
+# Python warnings about the libraries' internals, not about anything the user set
+QUIET_WARNINGS = (
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    r"Experiment logs directory .* exists and is not empty.*",  # the CSV logger in a run directory train.py made
+    r".*The anonymous setting has no effect.*",
+)
+
+
+class ConsoleFormatter(logging.Formatter):
+    """`HH:MM:SS message`; warnings and errors say so; in a sweep every line starts with `[job N cell]`."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        stamp, _, message = text.partition(" ")
+        if record.levelno >= logging.WARNING:
+            message = f"{record.levelname.lower()}: {message}"
+        if _JOB:
+            message = "\n".join(f"[{_JOB[0]}] {line}" for line in message.split("\n"))
+        return f"{stamp} {message}"
+
+
+class DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(DROPPED)
+
+
+def job_prefix(job_num: int | None, name: str | None) -> str:
+    return f"job {job_num}" + (f" {name}" if name and name != "defaults" else "")
+
+
+def set_job(prefix: str | None) -> None:
+    """Prefix every console line with `prefix` (a sweep job's number and cell), or no prefix (None)."""
+    _JOB.clear()
+    if prefix:
+        _JOB.append(prefix)
+
+
+def quiet_libraries() -> None:
+    """Before Lightning or W&B print anything (call before importing them is fine; after is needed for
+    Lightning's handler): one console handler (Hydra's), no tips, no warnings about library internals."""
+    os.environ.setdefault("WANDB_SILENT", "true")  # train.py prints the run directory and sync command itself
+    logging.captureWarnings(True)
+    for pattern in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if not any(isinstance(f, DropNoise) for f in handler.filters):
+            handler.addFilter(DropNoise())
+    import sys
+
+    if "lightning" in sys.modules:  # `import lightning` adds a console handler of its own to the `lightning` logger
+        drop_lightning_handler()
+
+
+def drop_lightning_handler() -> None:
+    lightning_log = logging.getLogger("lightning")
+    if logging.getLogger().handlers:  # Hydra's handlers print it; without them keep Lightning's own
+        for handler in list(lightning_log.handlers):
+            lightning_log.removeHandler(handler)
+        lightning_log.propagate = True

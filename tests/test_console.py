@@ -1,0 +1,124 @@
+"""What train.py prints: a default run's console has no line twice, at most 3 lines from W&B and none of the
+libraries' tips; sweep jobs name themselves on every line; the final summary shows the metrics that fit the task;
+short runs still validate several times."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from archsweep.core.train.console import ConsoleFormatter, DropNoise, job_prefix, set_job
+from archsweep.core.train.summary import bits_per_char, family, metric_parts
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
+        "task.max_len=8", "task.val_batches=2", "task.test_batches=2", "trainer.max_steps=20",
+        "trainer.log_every_n_steps=5", "schedule.warmup_steps=5"]
+
+
+@pytest.mark.slow
+def test_default_run_console_has_no_duplicate_and_at_most_three_wandb_lines(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # W&B as a user meets it
+    env["WANDB_MODE"] = "offline"
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={tmp_path / 'run'}",
+                          f"output_root={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    bodies = [line.split(" ", 1)[1] if line[:2].isdigit() else line for line in lines]  # without the time stamp
+    twice = [line for line, n in Counter(bodies).items() if n > 1]
+    assert not twice, "\n".join(lines)
+    wandb = [line for line in lines if "wandb" in line.lower() or "W&B" in line]
+    assert 1 <= len(wandb) <= 3, "\n".join(wandb)
+    for noise in ("Tip:", "anonymous", "TPU available", "LeafSpec", "Warning:"):
+        assert not any(noise in line for line in lines), noise
+    validations = [line for line in lines if "validation at step" in line]
+    assert len(validations) >= 4 and "validation at step 20" in validations[-1]  # 20 steps < val_check_interval
+    assert "teacher-forced exact match" in validations[-1]
+    assert "done in" in lines[-1] and "(decoded)" in lines[-1] and "(teacher-forced)" in lines[-1]
+    assert len(lines) < 100, "\n".join(lines)  # 5 validations, each with 3 decoded examples
+
+
+def record(msg: str, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("train", level, __file__, 1, msg, None, None)
+
+
+def test_sweep_jobs_prefix_every_line_with_their_number_and_cell():
+    formatter = ConsoleFormatter()
+    try:
+        set_job(job_prefix(3, "norm=pre seed=1"))
+        text = formatter.format(record("step 10/20 | loss 1.0\n  #0 src: a"))
+        first, second = text.splitlines()
+        assert first.split(" ", 1)[1] == "[job 3 norm=pre seed=1] step 10/20 | loss 1.0"
+        assert second == "[job 3 norm=pre seed=1]   #0 src: a"
+        set_job(job_prefix(0, "defaults"))
+        assert formatter.format(record("x", logging.WARNING)).endswith("[job 0] warning: x")
+    finally:
+        set_job(None)
+    assert formatter.format(record("step 1")).split(" ", 1)[1] == "step 1"
+
+
+def test_library_noise_is_dropped():
+    keep = DropNoise()
+    assert not keep.filter(record("💡 Tip: For seamless cloud logging ..."))
+    assert not keep.filter(record("TPU available: False, using: 0 TPU cores"))
+    assert keep.filter(record("GPU available: False, used: False"))
+
+
+# the summary per task family, from the metrics results.json holds
+def test_language_model_summary_shows_perplexity_and_bits_per_character():
+    parts = metric_parts("lm", {"ppl": 5.0}, {"loss": 1.3863, "ppl": 4.0, "exact_match": 0.0}, chars=1.0)
+    line = ", ".join(parts)
+    assert "test perplexity 4.000" in line and "bits per character 2.000" in line and "exact match" not in line
+    assert bits_per_char(2 * 0.6931, chars=4.0) == pytest.approx(0.5, rel=1e-3)  # BPE: 4 characters per token
+
+
+def test_translation_summary_shows_bleu():
+    line = ", ".join(metric_parts("translation", {"bleu": 21.5, "ppl": 9.0, "exact_match": 0.0}, {"ppl": 9.5}, None))
+    assert "val BLEU 21.50 (decoded)" in line and "exact match" not in line
+
+
+def test_synthetic_summary_names_decoded_and_teacher_forced_exact_match_apart():
+    line = ", ".join(metric_parts("synthetic", {"decoded_exact_match": 0.5, "exact_match": 0.7},
+                                  {"exact_match": 0.75, "acc": 0.9}, None))
+    assert "val exact match 0.5000 (decoded)" in line and "test exact match 0.7500 (teacher-forced)" in line
+    assert "test token accuracy 0.9000" in line
+
+
+def test_classification_summary_shows_accuracy():
+    line = ", ".join(metric_parts("classification", {"acc": 0.9}, {"acc": 0.95, "top5_acc": 1.0}, None))
+    assert "test accuracy 0.9500" in line and "top-5" in line and "exact match" not in line
+
+
+def test_each_task_has_its_family():
+    from archsweep.core.data.tasks.digits import DigitsTask
+    from archsweep.core.data.tasks.is_sorted import IsSortedTask
+    from archsweep.core.data.tasks.synthetic import ReverseTask
+
+    assert family(ReverseTask(n_symbols=8, min_len=2, max_len=6, batch_size=4, val_batches=1, test_batches=1,
+                              eval_seed=0)) == "synthetic"
+    assert family(IsSortedTask.__new__(IsSortedTask)) == "classification"
+    assert family(DigitsTask.__new__(DigitsTask)) == "classification"
+
+
+def test_text_and_translation_tasks_are_lm_and_translation():
+    from archsweep.core.data.tasks.text import TextTask
+    from archsweep.core.data.tasks.translation import TranslationTask
+
+    assert family(TextTask.__new__(TextTask)) == "lm"
+    assert family(TranslationTask.__new__(TranslationTask)) == "translation"
+
+
+def test_short_runs_validate_several_times_ending_at_the_last_step():
+    from archsweep.core.train.fit import validation_every
+
+    assert validation_every(3000, 500) == 500
+    assert validation_every(20, 500) == 5 and validation_every(300, 500) == 75 and validation_every(7, 500) == 1
+    for steps in range(1, 200):
+        every = validation_every(steps, 500)
+        assert steps % every == 0 and (steps // every >= 4 or every == 1)
