@@ -41,7 +41,7 @@ from archsweep.core.train.sweep import append_summary, earlier_run
 
 log = logging.getLogger("train")
 
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = ("adamw", "muon")  # as in optim.py, which imports torch
 SCHEDULES = ("noam", "cosine", "constant")
 PRECISIONS = ("32-true", "32", 32, "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64", 64,
               "transformer-engine", "transformer-engine-float16")
@@ -56,6 +56,9 @@ class Checked(NamedTuple):
 
 
 def build_task(cfg: DictConfig) -> Task:
+    if cfg.get("data_dir") is not None and "data_dir" in cfg.task and cfg.task.data_dir is None:
+        with open_dict(cfg):  # train.py data_dir=<folder>: where the task's relative data paths are looked up
+            cfg.task.data_dir = str(cfg.data_dir)
     try:
         task = instantiate(cfg.task)
     except Exception as e:  # Hydra wraps the constructor's TypeError/ValueError

@@ -233,8 +233,12 @@ class RunDirectory(Callback):
     anything into it (`.hydra/`), so a refused directory is left exactly as it was."""
 
     lock: DirectoryLock | None = None
+    trace_dir: Path | None = None  # trace_shapes=true: the run directory Hydra makes for it, removed at the end
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("trace_shapes") and not is_worker_process():
+            run_dir = Path(str(config.hydra.run.dir))
+            self.trace_dir = None if run_dir.exists() else run_dir
         if is_worker_process() or config.get("trace_shapes"):
             return
         run_dir = Path(str(config.hydra.run.dir))
@@ -246,3 +250,8 @@ class RunDirectory(Callback):
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.lock is not None:
             self.lock.release()
+        trace = self.trace_dir
+        if trace is not None and trace.is_dir() and {p.name for p in trace.iterdir()} <= {".hydra", "train.log"}:
+            import shutil
+
+            shutil.rmtree(trace, ignore_errors=True)  # a shape trace trains nothing: no run directory is left

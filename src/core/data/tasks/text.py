@@ -32,9 +32,10 @@ from archsweep.core.data.tokenizer import (
 )
 from archsweep.variants.model import CAUSAL, SOURCE_TARGET, form_of
 
-GET_DATA = ("Set task.path to a UTF-8 text file or a folder of them (relative paths: the current directory, then "
-            "task.data_dir, $ARCHSWEEP_DATA_DIR or ../shared/data next to the repository). Tiny Shakespeare is "
-            "char-rnn's data/tinyshakespeare/input.txt (github.com/karpathy/char-rnn), saved as tinyshakespeare.txt.")
+GET_DATA = ("Or set task.path to a UTF-8 text file or a folder of them (relative paths: the current directory, then "
+            "the data folder: data_dir= / task.data_dir, else $ARCHSWEEP_DATA_DIR, else ../shared/data next to the "
+            "repository and ~/.local/share/archsweep/data). Tiny Shakespeare is char-rnn's "
+            "data/tinyshakespeare/input.txt (github.com/karpathy/char-rnn), saved as tinyshakespeare.txt.")
 
 
 def positive(**values: Any) -> None:

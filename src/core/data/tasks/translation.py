@@ -23,8 +23,9 @@ from archsweep.core.data.tokenizer import check_kind, load_tokenizer, train_toke
 from archsweep.variants.model import CAUSAL, SOURCE_TARGET, form_of
 
 HOW = ("Each split is two line-aligned files [source, target] or one source<TAB>target file (relative paths: the "
-       "current directory, then task.data_dir, $ARCHSWEEP_DATA_DIR or ../shared/data next to the repository). "
-       "Multi30k (task 1, en-de) is published at github.com/multi30k/dataset (data/task1/raw).")
+       "current directory, then the data folder: data_dir= / task.data_dir, else $ARCHSWEEP_DATA_DIR, else "
+       "../shared/data next to the repository and ~/.local/share/archsweep/data). Multi30k (task 1, en-de) is "
+       "published at github.com/multi30k/dataset (data/task1/raw).")
 EVAL_SPLITS = ("val", "test")
 
 
