@@ -32,7 +32,7 @@ def qkv(b=2, h=3, t=7, d=8, seed=0):
 @pytest.mark.parametrize("causal", [True, False])
 def test_shaw_equals_equations_3_to_5_with_key_vectors(causal):
     k_max = 2
-    shaw = ShawRelative(head_dim=8, n_layers=2, n_decoder_layers=2, role="stack", max_distance=k_max)
+    shaw = ShawRelative(n_heads=2, head_dim=8, n_layers=2, n_decoder_layers=2, role="stack", max_distance=k_max)
     torch.nn.init.normal_(shaw.tables[1].weight)
     q, k, v = qkv()
     t = q.shape[2]

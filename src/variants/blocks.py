@@ -13,7 +13,7 @@ from archsweep.variants.attention.base import AttnContext
 from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import TokenEmbedding
-from archsweep.variants.norm.base import Residual
+from archsweep.variants.norm.base import Branch, Residual
 from archsweep.variants.pos.base import PositionalEncoding
 
 
@@ -25,13 +25,15 @@ class Block(nn.Module):
         self.cross_attn = cross_attn
         self.cross_res = wrap() if cross_attn is not None else None
         self.ffn, self.ffn_res = ffn, wrap()
+        self.attn_res.bind([r for r in (self.attn_res, self.cross_res, self.ffn_res) if r is not None])
 
     def forward(self, x: Tensor, ctx: AttnContext, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None) -> Tensor:
-        x = self.attn_res(x, lambda h: self.self_attn(h, ctx))
+        branches: list[Branch] = [(self.attn_res, lambda h: self.self_attn(h, ctx))]
         if self.cross_attn is not None:
-            x = self.cross_res(x, lambda h: self.cross_attn(h, memory, memory_mask, ctx.cache))
-        return self.ffn_res(x, self.ffn)
+            branches.append((self.cross_res, lambda h: self.cross_attn(h, memory, memory_mask, ctx.cache)))
+        branches.append((self.ffn_res, self.ffn))
+        return self.attn_res.compose(x, branches)  # the placement arranges them: in sequence, or in parallel
 
     def after_init(self) -> None:
         """Let each residual wrapper adjust its sublayer's initialised weights (DeepNorm scales them)."""

@@ -4,6 +4,7 @@ optionally tied to the embedding matrix (Press & Wolf 2017)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,3 +41,7 @@ class LMHead(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         logits = F.linear(x, self.weight, self.bias)  # (B, T, V)
         return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+
+    def flops(self, shape: Any) -> float:
+        """2 V D per position, tied or not (a tied head is the same product with a shared matrix)."""
+        return 2.0 * self.weight.shape[0] * self.weight.shape[1] * shape.tokens

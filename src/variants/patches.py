@@ -5,6 +5,8 @@ with the weight reshaped (`patchify` is that reshape; a test holds the equality)
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -46,6 +48,11 @@ class PatchEmbedding(nn.Module):
     def patches(self, images: Tensor) -> Tensor:
         x = self.proj(images)  # (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)  # (B, N, D)
+
+    def flops(self, shape: Any) -> float:
+        """The stride-P convolution is one (C P P) x D product per patch (`shape.length` patches per image)."""
+        weight = self.proj.weight  # (D, C, P, P)
+        return 2.0 * weight.numel() * shape.tokens
 
     def forward(self, images: Tensor) -> Tensor:
         x = self.patches(images)  # (B, N, D)

@@ -55,7 +55,8 @@ class Parts:
         blocks = [
             Block(
                 SelfAttention(*attn_args, layer=i, kernel=ATTENTION.build(cfg.attention, {**context, "layer": i}),
-                              qk_norm=qk_norm),
+                              qk_norm=qk_norm, value_residual=cfg.value_residual,
+                              value_lambda=cfg.value_residual_lambda),
                 FFN.build(cfg.ffn, context),
                 functools.partial(NORM.build, cfg.norm, context),
                 CrossAttention(*attn_args, layer=i, qk_norm=qk_norm, softcap=cfg.attn_softcap) if cross else None,

@@ -25,6 +25,7 @@ from archsweep.variants.registry import Choices, Registry, close_match
 
 INITS = ("xavier", "gpt2")
 STRATEGIES = ("greedy", "beam", "sample")
+VALUE_RESIDUALS = ("fixed", "learnable")  # model.value_residual; null: off
 
 
 def check_choice(name: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
@@ -85,6 +86,8 @@ class ModelConfig:
     attn_softcap: float | None = None  # attention scores -> c tanh(scores / c) (Gemma 2); needs a score matrix
     logit_softcap: float | None = None  # output logits -> c tanh(logits / c) (Gemma 2)
     z_loss: float = 0.0  # weight of the auxiliary loss log(Z)^2 of the output softmax (PaLM: 1e-4)
+    value_residual: str | None = None  # fixed | learnable: v_n <- lambda1 v_n + lambda2 v_1 (ResFormer, Zhou et al. 2024)
+    value_residual_lambda: float = 0.5  # lambda2 (lambda1 = 1 - lambda2): fixed, or the learnable ones' start
 
     @property
     def head_dim(self) -> int:
@@ -207,6 +210,12 @@ class ModelConfig:
                                  f"logits) or null for none")
         if isinstance(self.z_loss, bool) or not isinstance(self.z_loss, (int, float)) or self.z_loss < 0:
             raise ValueError(f"z_loss={self.z_loss!r} must be a weight >= 0 (PaLM: 1e-4; 0 turns it off)")
+        if self.value_residual is not None:
+            check_choice("value_residual", self.value_residual, list(VALUE_RESIDUALS))
+        lam = self.value_residual_lambda
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= lam <= 1.0:
+            raise ValueError(f"value_residual_lambda={lam!r} must be a number in [0, 1], the weight of the first "
+                             f"layer's values (ResFormer: 0.5)")
 
     def _check_dropouts(self) -> None:
         for name in ("dropout", "attn_dropout", "emb_dropout"):

@@ -35,6 +35,7 @@ class AttnContext:
     device: torch.device
     content_bias: Callable[[Tensor, Tensor, int], Tensor | None] = lambda q, k, layer: None  # per layer (Shaw)
     softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2); None: off
+    first_values: Tensor | None = None  # value residual: the first layer's new values (B, Hkv, Tq, Dh), set by it
     memo: dict[Any, Any] = field(default_factory=dict)
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:

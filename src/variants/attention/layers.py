@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+import torch
 from torch import Tensor, nn
 
 from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend
 from archsweep.variants.cache import KVCache
+from archsweep.variants.flops import Shape, children_flops, linear_flops
 
 
 class Attention(nn.Module):
@@ -46,18 +48,45 @@ class Attention(nn.Module):
 
 
 class SelfAttention(Attention):
+    """`value_residual` (ResFormer, Zhou et al. 2024, arXiv 2410.17897): every layer after the first mixes its
+    values with the first layer's, v_n <- lambda1 v_n + lambda2 v_1, before attending (so the KV cache and every
+    attention kind see the mixed values); "fixed": lambda1 = 1 - lambda2, lambda2 = `value_lambda` (the paper's
+    1/2, 1/2); "learnable" (the paper's Learnable-ResFormer): two scalars per layer, initialised so (modded-nanogpt learns them); None: off."""
+
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
-                 kernel: AttentionKernel, qk_norm: Callable[[int], nn.Module] | None = None) -> None:
+                 kernel: AttentionKernel, qk_norm: Callable[[int], nn.Module] | None = None,
+                 value_residual: str | None = None, value_lambda: float = 0.5) -> None:
         super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, qk_norm)
         self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
         self.kernel = kernel
+        self.value_residual = value_residual
+        lambdas = torch.tensor([1.0 - value_lambda, value_lambda])  # (lambda1, lambda2)
+        if value_residual == "learnable" and layer > 0:
+            self.value_lambdas = nn.Parameter(lambdas)
+        else:
+            self.register_buffer("value_lambdas", lambdas, persistent=False)
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
         qkv = self.split_heads(self.qkv_proj(x), self.n_heads + 2 * self.n_kv_heads)  # (B, H + 2 Hkv, T, Dh)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = ctx.rotate_qk(q, k, ctx.positions)
         q, k = self.q_norm(q), self.k_norm(k)
+        if self.value_residual is not None:
+            v = self.mix_values(v, ctx)
         return self.merge_heads(self.kernel(q, k, v, ctx, self.p_drop(), self.record))
+
+    def mix_values(self, v: Tensor, ctx: AttnContext) -> Tensor:
+        """The first layer keeps its values for the others; a later one returns lambda1 v + lambda2 v_1. Values
+        are mixed per token, so a decoding step needs only the first layer's values of its own new tokens."""
+        if self.layer == 0:
+            ctx.first_values = v  # (B, Hkv, T, Dh)
+            return v
+        return self.value_lambdas[0] * v + self.value_lambdas[1] * ctx.first_values
+
+    def flops(self, shape: Shape) -> float:
+        """Projections per token, and the kernel's core over the keys each query sees."""
+        core = self.kernel.flops_per_token(shape.length, shape.causal, self.n_heads, self.head_dim)
+        return children_flops(self, shape, skip=(self.kernel,)) + core * shape.tokens
 
 
 class CrossAttention(Attention):
@@ -80,6 +109,13 @@ class CrossAttention(Attention):
             if cache is not None:
                 cache.cross[self.layer] = (k, v)
         return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record, self.softcap))
+
+    def flops(self, shape: Shape) -> float:
+        """Queries and output per decoder token; keys and values per encoder position; each query scores and
+        weights all `shape.memory` encoder positions (no causal mask here)."""
+        memory_tokens = shape.batch * shape.memory
+        core = 4.0 * self.n_heads * self.head_dim * shape.memory * shape.tokens
+        return children_flops(self, shape, skip=(self.kv_proj,)) + linear_flops(self.kv_proj, memory_tokens) + core
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from torch import Tensor
 from archsweep.variants.blocks import Stack
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import LMHead
+from archsweep.variants.flops import Shape, forward_flops
 from archsweep.variants.model import KIND, SOURCE_TARGET
 from archsweep.variants.model.base import ModelKind, Parts
 
@@ -53,3 +54,9 @@ class EncoderDecoder(ModelKind):
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None) -> Tensor:
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
+    def flops(self, shape: Shape) -> float:
+        """`shape.memory` source tokens through the encoder; `shape.length` target tokens through the decoder
+        (cross-attending to them) and the head."""
+        source = Shape(shape.batch, shape.memory)
+        return forward_flops(self.encoder, source) + forward_flops(self.decoder, shape) + forward_flops(self.head, shape)

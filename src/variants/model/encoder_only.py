@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from archsweep.variants.blocks import Stack
 from archsweep.variants.embedding import LMHead
+from archsweep.variants.flops import Shape, forward_flops
 from archsweep.variants.model import BIDIRECTIONAL, KIND
 from archsweep.variants.model.base import ModelKind, Parts
 
@@ -58,3 +59,12 @@ class EncoderOnly(ModelKind):
             weights = pad_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
         return self.classifier(pooled)
+
+    def flops(self, shape: Shape) -> float:
+        """The stack, then the token head at every position, or (`shape.pooled`, `classify`) the pooling and the
+        classifier once per sequence."""
+        if not shape.pooled:
+            return forward_flops(self.encoder, shape) + forward_flops(self.head, shape)
+        once = Shape(shape.batch, 1)
+        pool = forward_flops(self.pool_proj, once) if self.pool_proj is not None else 0.0
+        return forward_flops(self.encoder, shape) + pool + forward_flops(self.classifier, once)

@@ -13,6 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from archsweep.variants.blocks import Stack
+from archsweep.variants.flops import Shape, forward_flops
 from archsweep.variants.model import IMAGE, KIND
 from archsweep.variants.model.base import ModelKind, Parts
 from archsweep.variants.patches import PatchEmbedding, image_hw, patch_grid
@@ -85,3 +86,12 @@ class VisionTransformer(ModelKind):
         hidden = self.encode(images)  # (B, T, D)
         pooled = hidden[:, 0] if self.embed.cls_token is not None else hidden.mean(dim=1)  # (B, D)
         return self.classifier(self.pre_logits(pooled))
+
+    def flops(self, shape: Shape) -> float:
+        """Per image: the patch projection, the stack over N (+ 1) tokens, the head once (`shape.length` is
+        ignored: the image size fixes it)."""
+        gh, gw = self.patch_grid
+        tokens = Shape(shape.batch, gh * gw + self.n_prefix)
+        once = Shape(shape.batch, 1)
+        return (self.embed.flops(Shape(shape.batch, gh * gw)) + forward_flops(self.encoder, tokens)
+                + forward_flops(self.pre_logits, once) + forward_flops(self.classifier, once))

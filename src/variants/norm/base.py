@@ -19,6 +19,7 @@ from archsweep.variants.norm import NORM_TYPES
 
 NormFactory = Callable[[], nn.Module]
 Sublayer = Callable[[Tensor], Tensor]
+Branch = tuple["Residual", Sublayer]  # a sublayer of a block and the wrapper of its residual
 
 NORM_MODULES: dict[str, Callable[[int, float, bool], nn.Module]] = {
     "layernorm": lambda d, eps, bias: nn.LayerNorm(d, eps=eps, bias=bias),
@@ -55,6 +56,17 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
         raise NotImplementedError
+
+    def bind(self, wrappers: list[Residual]) -> None:
+        """Called by the Block on its first wrapper with all of its wrappers, in sublayer order (self-attention,
+        cross-attention where there is one, FFN): state shared across a block's sublayers is set up here."""
+
+    def compose(self, x: Tensor, branches: list[Branch]) -> Tensor:
+        """A whole block, called on its first wrapper: by default one sublayer after another, each with its own
+        residual. A placement that arranges the sublayers otherwise (`parallel`) overrides this."""
+        for wrapper, sublayer in branches:
+            x = wrapper(x, sublayer)
+        return x
 
     def init_sublayer(self, sublayer: nn.Module) -> None:
         """Called once the model is initialised, with the sublayer this wraps (DeepNorm rescales it)."""

@@ -52,6 +52,11 @@ class PositionalEncoding(nn.Module):
         queries being the last Tq of the Tk positions; already scaled like the scores."""
         return None
 
+    def flops(self, shape: Any) -> float:
+        """Matrix products the encoding adds in all its layers (`shape`: an `archsweep.variants.flops.Shape`).
+        Tables, sinusoids, rotations and score biases looked up by distance are not products: 0."""
+        return 0.0
+
     @classmethod
     def rotates(cls) -> bool:
         return cls.rotate_qk is not PositionalEncoding.rotate_qk

@@ -39,6 +39,14 @@ class Disentangled(PositionalEncoding):
         if options["max_distance"] < 1:
             raise ValueError(f"pos=deberta: max_distance={options['max_distance']} must be at least 1")
 
+    def flops(self, shape: Any) -> float:
+        """Per layer: the table projected twice (2k x D by D x H Dh, once per forward, whatever the batch) and the
+        two position terms q . K^r and k . Q^r (2 Dh 2k per position and head each)."""
+        d_model, width = self.table.weight.shape[1], self.n_heads * self.head_dim
+        table = 2 * 2.0 * (2 * self.k) * d_model * width
+        terms = 2 * 2.0 * self.head_dim * (2 * self.k) * self.n_heads * shape.tokens
+        return (table + terms) * len(self.q_rel)
+
     def rotate_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         return q / math.sqrt(3.0), k  # content-to-content scaled by 1/sqrt(3 Dh) in all
 

@@ -21,10 +21,10 @@ from archsweep.variants.pos.base import PositionalEncoding, query_key_distance
 class ShawRelative(PositionalEncoding):
     score_bias = True
 
-    def __init__(self, head_dim: int, n_layers: int, n_decoder_layers: int, role: str,
+    def __init__(self, n_heads: int, head_dim: int, n_layers: int, n_decoder_layers: int, role: str,
                  max_distance: int = 16) -> None:
         super().__init__()
-        self.max_distance = max_distance
+        self.max_distance, self.n_heads, self.head_dim = max_distance, n_heads, head_dim
         layers = n_decoder_layers if role == "decoder" else n_layers
         self.tables = nn.ModuleList(nn.Embedding(2 * max_distance + 1, head_dim) for _ in range(layers))
 
@@ -33,6 +33,11 @@ class ShawRelative(PositionalEncoding):
         if options["max_distance"] < 1:
             raise ValueError(f"pos=shaw: max_distance={options['max_distance']} must be at least 1 (the paper's "
                              f"base model uses 16)")
+
+    def flops(self, shape: Any) -> float:
+        """q_i . a_d for every query, head and distance: 2 Dh (2k + 1) per query and head, in each layer."""
+        per_layer = 2.0 * self.head_dim * (2 * self.max_distance + 1) * self.n_heads * shape.tokens
+        return per_layer * len(self.tables)
 
     def content_bias(self, q: Tensor, k: Tensor, layer: int) -> Tensor:
         b, h, q_len, head_dim = q.shape

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from archsweep.variants.flops import Shape
 from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, IMAGE, SOURCE_TARGET
 
 if TYPE_CHECKING:
@@ -32,3 +33,16 @@ FORWARD: dict[str, Callable[[nn.Module, Batch], Tensor]] = {  # by data form
     BIDIRECTIONAL: forward_tokens,
     IMAGE: forward_images,
 }
+
+
+def flop_shape(batch: Batch) -> Shape:
+    """The shape a batch is computed at, for the FLOP count (padded sizes: padding costs what real tokens cost).
+    Prefix-LM packing is one causal sequence of the packed length; a classification batch (one label per row)
+    has a pooled head."""
+    if "images" in batch:
+        return Shape(batch["images"].shape[0], 0)
+    if "src" in batch:
+        b, t = batch["tgt_in"].shape
+        return Shape(b, t, memory=batch["src"].shape[1])
+    b, t = batch["tokens"].shape
+    return Shape(b, t, pooled=batch["labels"].ndim == 1)
