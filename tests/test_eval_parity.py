@@ -175,7 +175,7 @@ def test_evaluate_reproduces_the_results_of_training(tmp_path, kind):
     assert best == str(run_dir / "checkpoints" / "best.ckpt")
     assert 0 < res["test"]["exact_match"] < 1  # the model has learnt something, so agreement says something
     run("evaluate.py", f"ckpt={best}", "buckets=100")  # one bucket per source length
-    report = json.loads(Path(best).with_suffix(".eval.json").read_text())
+    report = json.loads(Path(best).with_suffix(".eval.greedy.json").read_text())
     assert report["checkpoint"] == best
     for split in ("test", "test_long"):
         trained, evaluated = res[split], report["splits"][split]

@@ -79,7 +79,7 @@ def test_generate_refuses_bad_input_clearly(run_dir, tmp_path):
 def test_evaluate_writes_metrics_and_length_table_beside_the_checkpoint(run_dir):
     out = run("evaluate.py", f"ckpt={run_dir}", "buckets=2")
     ckpt = run_dir / "checkpoints" / "best.ckpt"
-    report = json.loads(ckpt.with_suffix(".eval.json").read_text())
+    report = json.loads(ckpt.with_suffix(".eval.greedy.json").read_text())
     assert report["checkpoint"] == str(ckpt) and report["decoding"]["strategy"] == "greedy"
     test = report["splits"]["test"]
     assert test["n"] == 32 and test["decoded"] == 32
@@ -88,6 +88,24 @@ def test_evaluate_writes_metrics_and_length_table_beside_the_checkpoint(run_dir)
     assert sum(row["n"] for row in buckets) == 32 and 1 <= len(buckets) <= 2
     assert buckets[0]["lengths"][0] >= 1 and buckets[-1]["lengths"][1] <= 6
     assert "source length" in out.stdout and "results written to" in out.stdout
+
+
+def test_evaluate_writes_one_file_per_decoding_setting_and_labels_a_partial_decode(run_dir):
+    run("evaluate.py", f"ckpt={run_dir}", "decoding=beam", "decoding.beam_size=3", "splits=[test]")
+    out = run("evaluate.py", f"ckpt={run_dir}", "decode_limit=5", "splits=[test]")
+    ckpt = run_dir / "checkpoints" / "best.ckpt"
+    beam = json.loads(ckpt.with_suffix(".eval.beam-beam_size3.json").read_text())
+    limited = json.loads(ckpt.with_suffix(".eval.greedy-limit5.json").read_text())
+    assert beam["setting"] == "beam-beam_size3" and limited["setting"] == "greedy-limit5"
+    test = limited["splits"]["test"]
+    assert test["n"] == 32 and test["decoded"] == 5 and test["length_table_exact_match"] == "teacher_forced"
+    assert {"exact_match_teacher_forced", "exact_match_decoded"} <= set(test)
+    assert test["exact_match"] == test["exact_match_decoded"]
+    header = next(line for line in out.stdout.splitlines() if line.startswith("split") and "decoded" in line)
+    assert header.split()[:7] == ["split", "n", "loss", "ppl", "acc", "exact", "decoded"]
+    assert "teacher-forced (every example)" in out.stdout and "decoded (greedy)" in out.stdout
+    assert "test: 5 of 32 examples decoded (decode_limit); teacher-forced metrics use all" in out.stdout
+    assert "exact (t-forced)" in out.stdout  # the length table says which exact match it counts
 
 
 def test_codec_round_trips_through_the_checkpoint(run_dir):

@@ -163,35 +163,47 @@ def source_lengths(batch: dict[str, Any], kind: str) -> torch.Tensor:
 def evaluate_split(loaded: Loaded, task, split: str, decoding: DecodingConfig, decode_limit: int | None,
                    seed: int, device: torch.device) -> tuple[dict[str, Any], LengthTable, DecodeResults | None]:
     """(summary, counts by source length, decoded examples) of one split. The teacher-forced metrics are
-    train.py's (`archsweep.core.eval.metrics`); a decoded row's exact match replaces its teacher-forced one."""
+    train.py's (`archsweep.core.eval.metrics`), over every row: loss, ppl, acc, exact_match_teacher_forced. Decoded:
+    `decoded` rows (all, or the `decode_limit` sample), exact_match_decoded and (text tasks) bleu. `exact_match` is
+    the decoded one where the split decodes, else the teacher-forced one. The length table counts a decoded row's
+    decoded exact match when every row is decoded, else the teacher-forced one (one kind per table)."""
     state, kind = loaded.codec_state, loaded.kind
     forward = task.forward_fn(kind)
     decodes = state["seq2seq"] and form_of(kind) != BIDIRECTIONAL
     results = DecodeResults(keep_examples=3) if decodes else None
     metrics, lengths = SplitMetrics().to(device), LengthTable(task.max_input_len(kind)).to(device)
+    forced_lengths = LengthTable(task.max_input_len(kind)).to(device)  # the table when only a sample is decoded
     sample = decode_sample(task.dataloader(split, kind, seed), decode_limit) if decodes else None
     with torch.no_grad():
         for index, batch in enumerate(task.dataloader(split, kind, seed)):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             stats = row_stats(forward(loaded.model, batch), batch["labels"])
+            metrics.update(stats)
             if sample is not None and sample[index]:
                 rows = sample[index]
                 decoded = decode_batch(loaded.model, batch, kind, decoding, pad_id=state["pad_id"],
                                        bos_id=state["bos_id"], eos_id=state["eos_id"], to_text=loaded.codec.decode,
                                        results=results, rows=rows)
+            src_len = batch["src_len"] if "src_len" in batch else source_lengths(batch, kind)
+            forced_lengths.update(stats, src_len)
+            if sample is not None and sample[index]:
                 exact = stats.exact.clone()
                 exact[rows] = torch.tensor(decoded, dtype=torch.bool, device=exact.device)
                 stats = dataclasses.replace(stats, exact=exact)
-            metrics.update(stats)
-            src_len = batch["src_len"] if "src_len" in batch else source_lengths(batch, kind)
             lengths.update(stats, src_len)
     summary = {"n": int(metrics.exact_match.rows), **{k: float(v) for k, v in metrics.compute().items()}}
+    every_row = results is not None and results.total == summary["n"]
+    if not every_row:
+        lengths = forced_lengths
+    summary["exact_match_teacher_forced"] = summary["exact_match"]
     if results is not None and results.total:
-        summary["exact_match"] = results.exact_match()
         summary["decoded"] = results.total
+        summary["exact_match_decoded"] = summary["exact_match"] = results.exact_match()
         if state["type"] == "tokenizer":
             summary["bleu"] = results.bleu()
+    summary["length_table_exact_match"] = "decoded" if every_row else "teacher_forced"
     return summary, lengths, results
+
 
 
 def length_table(split: str, lengths: LengthTable, buckets: int) -> list[dict[str, Any]]:
@@ -211,6 +223,8 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     splits = list(cfg.splits) if cfg.splits is not None else list(task.test_splits)
     report: dict[str, Any] = {"checkpoint": str(loaded.path), "kind": loaded.kind,
                               "decoding": OmegaConf.to_container(cfg.decoding), "splits": {}, "by_length": []}
+    setting = setting_name(OmegaConf.to_container(cfg.decoding, resolve=True), cfg.decode_limit)
+    report["setting"] = setting
     for split in splits:
         start = time.time()
         print(f"evaluating {split} ...", flush=True)
@@ -220,9 +234,9 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         report["by_length"] += length_table(split, lengths, cfg.buckets)
         for source, reference, prediction in (results.examples if results else []):
             print(f"  src: {source}\n  ref: {reference}\n  out: {prediction}")
-        print(f"  {summary['n']} examples in {time.time() - start:.1f}s: " +
-              ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if k not in ("n", "decoded")), flush=True)
-    print_length_table(report["by_length"])
+        print(f"  {summary['n']} examples in {time.time() - start:.1f}s", flush=True)
+    print_split_table(report["splits"], decoding.strategy)
+    print_length_table(report["by_length"], report["splits"])
     if cfg.eval.context_lengths is not None:
         from archsweep.core.eval.context import evaluate_contexts
 
@@ -230,7 +244,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
             else cfg.eval.context_lengths
         report["by_context"] = evaluate_contexts(loaded.model, task, cfg.eval.context_split, lengths, cfg.eval.stride,
                                                  cfg.eval.context_tokens)
-    output = Path(cfg.output) if cfg.output else loaded.path.with_suffix(".eval.json")
+    output = Path(cfg.output) if cfg.output else loaded.path.with_suffix(f".eval.{setting}.json")
     tmp = output.with_name(output.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(output)
@@ -238,10 +252,42 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     return report
 
 
-def print_length_table(table: list[dict[str, Any]]) -> None:
-    print(f"\n{'split':<12}{'source length':>15}{'n':>7}{'loss':>9}{'acc':>8}{'exact match':>13}")
+def setting_name(decoding: dict[str, Any], decode_limit: int | None) -> str:
+    """The decoding setting in a file name: the strategy, each field that differs from its conf/decoding yaml
+    (`beam-beam_size8`, `sample-temperature0.7-top_k50`), and `-limit<N>` with a decode_limit."""
+    from archsweep import conf_dir
+
+    strategy = str(decoding.get("strategy", "greedy"))
+    defaults_file = conf_dir() / "decoding" / f"{strategy}.yaml"
+    defaults = OmegaConf.to_container(OmegaConf.load(defaults_file)) if defaults_file.is_file() else {}
+    parts = [strategy] + [f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in decoding.items()
+                          if k not in ("strategy", "use_cache", "n_best") and defaults.get(k) != v]
+    if decode_limit is not None:
+        parts.append(f"limit{decode_limit}")
+    return "-".join(parts)
+
+
+def print_split_table(splits: dict[str, dict[str, Any]], strategy: str) -> None:
+    """One row per split: teacher-forced metrics over every example, then the decoded ones over those decoded."""
+    print(f"\n{'':<12}{'teacher-forced (every example)':^40}  {f'decoded ({strategy})':^32}")
+    print(f"{'split':<12}{'n':>6}{'loss':>9}{'ppl':>9}{'acc':>7}{'exact':>9}  {'decoded':>9}{'exact':>9}{'BLEU':>9}")
+    for split, s in splits.items():
+        dec = (f"{s['decoded']:>9}{s['exact_match_decoded']:>9.3f}"
+               + (f"{s['bleu']:>9.2f}" if "bleu" in s else f"{'-':>9}")) if "decoded" in s else f"{'not decoded':>27}"
+        print(f"{split:<12}{s['n']:>6}{s['loss']:>9.4f}{s['ppl']:>9.3f}{s['acc']:>7.3f}"
+              f"{s['exact_match_teacher_forced']:>9.3f}  {dec}")
+    partial = {k: s for k, s in splits.items() if "decoded" in s and s["decoded"] < s["n"]}
+    for split, s in partial.items():
+        print(f"{split}: {s['decoded']} of {s['n']} examples decoded (decode_limit); teacher-forced metrics use all")
+
+
+def print_length_table(table: list[dict[str, Any]], splits: dict[str, dict[str, Any]] | None = None) -> None:
+    kinds = {s.get("length_table_exact_match") for s in (splits or {}).values()}
+    label = "exact (decoded)" if kinds == {"decoded"} else "exact (t-forced)" if kinds == {"teacher_forced"} \
+        else "exact match"
+    print(f"\n{'split':<12}{'source length':>15}{'n':>7}{'loss':>9}{'acc':>8}{label:>17}")
     for row in table:
         a, b = row["lengths"]
         span = f"{a}" if a == b else f"{a}-{b}"
         print(f"{row['split']:<12}{span:>15}{row['n']:>7}{row['loss']:>9.4f}{row['acc']:>8.3f}"
-              f"{row['exact_match']:>13.3f}")
+              f"{row['exact_match']:>17.3f}")
