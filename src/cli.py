@@ -126,6 +126,8 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length-metric", default="exact_match", choices=["exact_match", "acc"],
                    help="what the by-length plot shows (default: exact_match; acc: token accuracy)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--group-by", choices=["task"], default=None,
+                   help="task: rank the cells within each task (runs of several tasks are refused without it)")
     return p.parse_args(argv)
 
 
@@ -135,7 +137,7 @@ def compare_main(argv: list[str] | None = None) -> int:
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     try:
-        report = compare(args.sweeps, args.out, args.target, args.sort, metrics)
+        report = compare(args.sweeps, args.out, args.target, args.sort, metrics, args.group_by)
         written = write(report, plots=not args.no_plots, length_metric=args.length_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)

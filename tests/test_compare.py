@@ -322,3 +322,20 @@ def test_by_context_plot_and_the_perplexity_ratio_column(tmp_path):
     assert "comparison_by_context.png" in written
     image = plt.imread(tmp_path / "report" / "comparison_by_context.png")
     assert image.shape[0] > 100 and image.std() > 0
+
+
+def test_runs_of_different_tasks_are_ranked_only_within_each_task(tmp_path):
+    for task, loss in (("reverse", 0.5), ("shakespeare_char", 1.5), ("reverse", 0.2), ("shakespeare_char", 1.2)):
+        n = len(list(tmp_path.glob("*/*")))
+        write_run(tmp_path / task / str(n), [f"task={task}", f"model.n_layers={n}", "seed=0"], done(loss, 0.5, 0.5))
+    sources = [tmp_path / "reverse", tmp_path / "shakespeare_char"]
+    with pytest.raises(CompareError, match=r"2 tasks \(reverse, shakespeare_char\).*add --group-by task"):
+        compare(sources, out=tmp_path / "out")
+    report = compare(sources, out=tmp_path / "out", group_by="task")
+    assert report.keys[0] == "task"
+    assert [(c.values["task"], c.stats["val/loss"].mean, c.best) for c in report.cells] == [
+        ("reverse", 0.2, True), ("reverse", 0.5, False), ("shakespeare_char", 1.2, True),
+        ("shakespeare_char", 1.5, False)]
+    out = subprocess.run([sys.executable, "compare.py", *map(str, sources), "--out", str(tmp_path / "o2")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--group-by task" in out.stderr

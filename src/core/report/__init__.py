@@ -80,17 +80,48 @@ def run_notes(runs: list[Run], cells_of: dict[str, list[Run]]) -> list[str]:
     return notes
 
 
+GROUP_BY = ("task",)
+
+
+def task_of(run: Run) -> str:
+    return str(run.values.get("task") or (run.results.get("choices") or {}).get("task") or "-")
+
+
+def check_tasks(runs: list[Run], group_by: str | None) -> None:
+    """Runs of different tasks have metrics on different scales (a loss over characters, over BPE pieces, over
+    symbols): ranking them in one list says nothing. Refused unless the ranking is within each task."""
+    if group_by is not None and group_by not in GROUP_BY:
+        raise CompareError(f"--group-by {group_by!r}: choose one of {', '.join(GROUP_BY)}")
+    tasks = sorted({task_of(r) for r in runs} - {"-"})  # a run that has not written results.json yet: unknown
+    if len(tasks) > 1 and group_by != "task":
+        raise CompareError(f"the runs are of {len(tasks)} tasks ({', '.join(tasks)}), whose metrics are not "
+                           "comparable, so they are not ranked together; add --group-by task to rank the cells "
+                           "within each task, or give the sweeps of one task")
+
+
+def sort_within_tasks(cells: list, order: SortKey) -> list:
+    """Each task's cells sorted and their best marked on its own; tasks in name order."""
+    by_task: dict[str, list] = {}
+    for cell in cells:
+        by_task.setdefault(task_of(cell.runs[0]), []).append(cell)
+    return [c for task in sorted(by_task) for c in sort_cells(by_task[task], order)]
+
+
 def compare(sources: list[str | Path], out: str | Path | None = None, target: str | None = None,
-            sort: str | None = None, metrics: list[str] | None = None) -> Report:
+            sort: str | None = None, metrics: list[str] | None = None, group_by: str | None = None) -> Report:
     """Read the runs under `sources` and build the report (nothing written; see `write`). target: e.g.
     'val/exact_match>=0.9', None for that default when logged, 'none' for no target column. sort: a column,
-    e.g. 'val/loss' (default) or 'test/acc:max'. metrics: final metrics to show instead of the default ones."""
+    e.g. 'val/loss' (default) or 'test/acc:max'. metrics: final metrics to show instead of the default ones.
+    group_by: 'task' ranks the cells within each task (runs of several tasks are refused without it)."""
     paths = [Path(s) for s in sources]
     loaded = [load_run(d) for d in run_dirs(paths)]
     runs = [x for x in loaded if isinstance(x, Run)]
     skipped = [x for x in loaded if isinstance(x, Skipped)]
     notes: list[str] = []
+    check_tasks(runs, group_by)
     keys = varying_keys(runs, swept_keys([r.run_dir for r in runs], notes))
+    if group_by == "task" and "task" in keys:
+        keys = ["task", *(k for k in keys if k != "task")]
     tgt = parse_target(target, runs)
     available = available_columns(runs)
     bad = [m for m in metrics or [] if m not in available or m == "target"]
@@ -106,7 +137,8 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
         aggregate(cell, columns, tgt)
     notes += run_notes(runs, {c.label: c.runs for c in cells})
     out_dir = Path(out) if out is not None else paths[0]
-    return Report(paths, out_dir, keys, columns, sort_cells(cells, order), tgt, order, skipped, notes, {})
+    ordered = sort_within_tasks(cells, order) if group_by == "task" else sort_cells(cells, order)
+    return Report(paths, out_dir, keys, columns, ordered, tgt, order, skipped, notes, {})
 
 
 def write(report: Report, plots: bool = True, length_metric: str = "exact_match") -> list[Path]:
