@@ -42,6 +42,34 @@ def check_optimiser(optim: DictConfig) -> None:
     eps = optim.get("eps")
     if eps is not None and (not _is_number(eps) or eps <= 0):
         raise ValueError(f"optim.eps={eps!r} must be a positive number, e.g. 1e-9")
+    if optim.get("name") == "muon":
+        check_muon(optim)
+
+
+MUON_SCALINGS = ("reference", "moonlight")  # as muon.py's SCALINGS and NS_DTYPES (which import torch)
+MUON_NS_DTYPES = ("float32", "bfloat16")
+
+
+def check_muon(optim: DictConfig) -> None:
+    momentum = optim.get("momentum")
+    if not _is_number(momentum) or not 0.0 <= momentum < 1.0:
+        raise ValueError(f"optim.momentum={momentum!r} must be a number in [0, 1) (Muon's reference: 0.95)")
+    if not isinstance(optim.get("nesterov"), bool):
+        raise ValueError(f"optim.nesterov={optim.get('nesterov')!r} must be true or false")
+    steps = optim.get("ns_steps")
+    if not _is_int(steps) or steps < 1:
+        raise ValueError(f"optim.ns_steps={steps!r} must be a positive whole number of Newton-Schulz iterations "
+                         f"(the reference's 5; fewer leave the update's singular values far from 1)")
+    if optim.get("ns_dtype") not in MUON_NS_DTYPES:
+        raise ValueError(f"optim.ns_dtype={optim.get('ns_dtype')!r} must be one of {', '.join(MUON_NS_DTYPES)} "
+                         f"(bfloat16 as the reference does on GPU)")
+    if optim.get("scaling") not in MUON_SCALINGS:
+        raise ValueError(f"optim.scaling={optim.get('scaling')!r} must be one of {', '.join(MUON_SCALINGS)}: "
+                         f"reference = max(1, rows/cols)^0.5, moonlight = 0.2 sqrt(max(rows, cols))")
+    adamw_lr = optim.get("adamw_lr")
+    if not _is_number(adamw_lr) or adamw_lr <= 0:
+        raise ValueError(f"optim.adamw_lr={adamw_lr!r} must be a positive learning rate for the parameters Muon does "
+                         f"not take (embeddings, head, norms, biases), e.g. 2e-3")
 
 
 def _show(value: Any) -> str:

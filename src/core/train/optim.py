@@ -1,4 +1,5 @@
-"""AdamW with decay only on matrices (Loshchilov & Hutter 2019), and warm-up learning-rate schedules.
+"""AdamW with decay only on matrices (Loshchilov & Hutter 2019), Muon for the blocks' hidden matrices (`muon.py`),
+and warm-up learning-rate schedules.
 
 Schedules are multipliers of optim.lr per optimiser step: `noam` is the 2017 paper's inverse square root
 (section 5.3) normalised to peak at 1 after warm-up, `cosine` decays to min_lr_ratio, `constant` holds.
@@ -13,9 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from archsweep.core.train.muon import Muon
+from archsweep.variants.blocks import Block
 from archsweep.variants.embedding import TokenEmbedding
 
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("noam", "cosine", "constant")
 
 
@@ -34,9 +37,34 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
+def hidden_matrices(model: nn.Module) -> set[int]:
+    """ids of the weights of the linear layers inside the Transformer blocks (attention and FFN projections):
+    what Muon updates. Embeddings, position tables, the output head, a ViT's patch embedding and class head, norms
+    and biases are outside this set."""
+    return {id(m.weight) for block in model.modules() if isinstance(block, Block)
+            for m in block.modules() if isinstance(m, nn.Linear)}
+
+
+def muon_param_groups(model: nn.Module, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Muon for the hidden matrices (first group, so train/lr logs Muon's rate), AdamW (at optim.adamw_lr) for the
+    rest, split as `param_groups` splits it for weight decay."""
+    hidden = hidden_matrices(model)
+    decay, keep = param_groups(model, cfg["weight_decay"], cfg.get("decay_embeddings", False))
+    groups = [{"params": [p for p in decay["params"] if id(p) in hidden], "muon": True, "lr": cfg["lr"],
+               "weight_decay": cfg["weight_decay"]},
+              {"params": [p for p in decay["params"] if id(p) not in hidden], "lr": cfg["adamw_lr"],
+               "weight_decay": cfg["weight_decay"]},
+              {"params": keep["params"], "lr": cfg["adamw_lr"], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
 def make_optimizer(model: nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
-    if cfg["name"] != "adamw":
+    if cfg["name"] not in OPTIMIZERS:
         raise ValueError(f"optim.name={cfg['name']!r} is not a known optimiser; valid: {', '.join(OPTIMIZERS)}")
+    if cfg["name"] == "muon":
+        return Muon(muon_param_groups(model, cfg), lr=cfg["lr"], momentum=cfg["momentum"], nesterov=cfg["nesterov"],
+                    ns_steps=cfg["ns_steps"], ns_dtype=cfg["ns_dtype"], scaling=cfg["scaling"],
+                    betas=tuple(cfg["betas"]), eps=cfg["eps"])
     groups = param_groups(model, cfg["weight_decay"], cfg.get("decay_embeddings", False))
     return torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"])
 
