@@ -106,7 +106,7 @@ def test_match_params_reference_model_from_the_command_line():
 
 
 @pytest.mark.parametrize("value,match", [
-    ("10", "below the .* parameters this model has without its FFNs"),
+    ("10", "below the .* parameters this model has with d_ff=1"),
     ("{ffn: relux}", "ffn='relux' is not a known option.*did you mean 'relu'"),
     ("{colour: red}", "unknown model config field"),
     ("-5", "must be a positive parameter count"),

@@ -16,9 +16,9 @@ from torch.utils import flop_counter
 from archsweep.core.data.tasks.forward import flop_shape
 from archsweep.core.model.build import build_model
 from archsweep.core.model.config import ModelConfig
+from archsweep.variants.attention import ATTENTION
 from archsweep.variants.attention.base import mean_keys
 from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops
-from archsweep.variants.attention import ATTENTION
 from archsweep.variants.model import KIND
 
 aten = torch.ops.aten

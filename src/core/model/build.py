@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,12 +23,14 @@ from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
 from archsweep.variants.ffn import FFN
+from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops
 from archsweep.variants.init import init_weights
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM, make_norm
 from archsweep.variants.pos import POS
 
-__all__ = ["ModelConfig", "build_model", "count_parameters", "match_d_ff", "parameter_count"]
+__all__ = ["ModelConfig", "build_model", "count_parameters", "flop_count", "flops_per_token", "match_d_ff",
+           "match_field", "parameter_count"]
 
 
 class Parts:
@@ -94,26 +97,77 @@ def parameter_count(cfg: ModelConfig) -> int:
         return count_parameters(build_model(cfg))
 
 
-def match_d_ff(cfg: ModelConfig, target: int) -> tuple[ModelConfig, int]:
-    """The config with the d_ff (>= 1) whose model comes closest to `target` parameters, and that count.
+def flop_count(cfg: ModelConfig, shape: Shape) -> float:
+    """Forward FLOPs of the model `cfg` describes on `shape` (archsweep.variants.flops), built on the meta device."""
+    with torch.device("meta"):
+        return forward_flops(build_model(cfg), shape)
 
-    The count is affine in d_ff for ReLU/GELU FFNs and nearly so for gated ones (hidden = round(2 d_ff / 3)), so
-    two probes give the slope and a few neighbours of the estimate settle the rounding.
-    """
+
+def tokens_of(shape: Shape) -> int:
+    """Tokens a batch of `shape` counts (as the batches' `n_tokens`): source and target, or one per image."""
+    return shape.batch * (shape.length + shape.memory) or shape.batch
+
+
+def flops_per_token(cfg: ModelConfig, shape: Shape) -> float:
+    """Training FLOPs (3 x forward) per token of a batch of `shape`."""
+    return TRAIN_FACTOR * flop_count(cfg, shape) / tokens_of(shape)
+
+
+MATCHABLE = ("d_ff", "d_model", "n_layers", "n_decoder_layers", "n_heads")
+
+
+def match_field(cfg: ModelConfig, target: float, measure: Callable[[ModelConfig], float], what: str,
+                field: str = "d_ff", unit: str = "parameters") -> tuple[ModelConfig, float]:
+    """The config with the value of `field` whose `measure` (parameters, FLOPs per token) comes closest to
+    `target`, and that measure. The measure grows with the field; the search is over the values the model
+    accepts (d_model a multiple of n_heads, ...)."""
+    if field not in MATCHABLE:
+        raise ValueError(f"{what} solves one of {', '.join(MATCHABLE)}, not {field!r}")
+    if field == "d_ff" and not cfg.variant("ffn").follows_d_ff(cfg.options("ffn")):
+        fixed = {k: v for k, v in cfg.options("ffn").items() if v is not None}
+        raise ValueError(f"{what} adjusts d_ff, but ffn={cfg.choice('ffn')} fixes its hidden size ({fixed}); "
+                         f"set those model.ffn options to null so it follows d_ff")
+    if field == "n_decoder_layers" and cfg.n_decoder_layers is None:
+        cfg = dataclasses.replace(cfg, n_decoder_layers=cfg.n_layers)
+
+    def at(value: int) -> tuple[ModelConfig, float] | None:
+        candidate = dataclasses.replace(cfg, **{field: value})
+        try:
+            return candidate, measure(candidate)
+        except ValueError:  # a value the model refuses (d_model not divisible by n_heads, ...)
+            return None
+
+    def buildable(start: int, step: int) -> tuple[ModelConfig, float] | None:
+        """The first value from `start` on (upwards or downwards) that builds, with its measure."""
+        for value in range(start, start + 256 * step, step):
+            if value < 1:
+                return None
+            if (got := at(value)) is not None:
+                return got
+        return None
+
+    lo, hi = 0, max(int(getattr(cfg, field)), 1)
+    while (got := buildable(hi, 1)) is None or got[1] < target:  # grow until the target is bracketed
+        if hi > 1 << 20:
+            raise ValueError(f"{what}={target:,.0f} is out of reach: no {field} up to {hi:,} gets there")
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # the measure grows with the field: bisect on "the next buildable value reaches it"
+        mid = (lo + hi) // 2
+        got = buildable(mid, 1)
+        lo, hi = (mid, hi) if got is not None and got[1] < target else (lo, mid)
+    found = [got for got in (buildable(hi, 1), buildable(hi - 1, -1)) if got is not None]
+    best = min(found, key=lambda c: (abs(c[1] - target), getattr(c[0], field)))
+    if best[1] > target * 1.02 and getattr(best[0], field) == 1:
+        raise ValueError(f"{what}={target:,.0f} is below the {best[1]:,.0f} {unit} this model has with {field}=1; "
+                         f"raise the target or shrink the model")
+    return best
+
+
+def match_d_ff(cfg: ModelConfig, target: int) -> tuple[ModelConfig, int]:
+    """The config with the d_ff (>= 1) whose model comes closest to `target` parameters, and that count."""
     if not isinstance(target, int) or isinstance(target, bool) or target < 1:
         raise ValueError(f"match_params={target!r} must be a positive parameter count, model fields naming a "
                          f"reference model (e.g. {{ffn: relu}}), or null to turn it off")
     cfg.validate()
-    if not cfg.variant("ffn").follows_d_ff(cfg.options("ffn")):
-        fixed = {k: v for k, v in cfg.options("ffn").items() if v is not None}
-        raise ValueError(f"match_params adjusts d_ff, but ffn={cfg.choice('ffn')} fixes its hidden size ({fixed}); "
-                         f"set those model.ffn options to null so it follows d_ff")
-    with_d_ff = lambda d_ff: dataclasses.replace(cfg, d_ff=d_ff)
-    base, slope = parameter_count(with_d_ff(3)), (parameter_count(with_d_ff(303)) - parameter_count(with_d_ff(3))) / 300
-    if target < base - 3 * slope:
-        raise ValueError(f"match_params={target:,} is below the {base - 3 * slope:,.0f} parameters this model has "
-                         f"without its FFNs; raise match_params or shrink d_model / n_layers")
-    guess = max(1, round(3 + (target - base) / slope))
-    counts = {d: parameter_count(with_d_ff(d)) for d in range(max(1, guess - 2), guess + 3)}
-    best = min(counts, key=lambda d: (abs(counts[d] - target), d))
-    return with_d_ff(best), counts[best]
+    matched, count = match_field(cfg, target, parameter_count, "match_params")
+    return matched, int(count)

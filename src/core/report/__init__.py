@@ -19,14 +19,14 @@ from archsweep.core.report.cells import (
     sort_cells,
     varying_keys,
 )
-from archsweep.core.report.plots import plot_by_context, plot_by_length, plot_loss
-from archsweep.core.report.render import Report, csv_text, json_text, markdown, terminal
+from archsweep.core.report.plots import plot_by_context, plot_by_length, plot_loss, plot_loss_vs_flops
+from archsweep.core.report.render import COUNTS, Report, csv_text, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
 FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          "loss": "comparison_val_loss.png", "length": "comparison_by_length.png",
-         "context": "comparison_by_context.png"}
+         "context": "comparison_by_context.png", "flops": "comparison_val_loss_vs_flops.png"}
 LENGTH_METRICS = ("exact_match", "acc")  # the metrics results.json's by_length holds per length
 
 
@@ -131,7 +131,7 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     order = choose_sort(sort, columns, available, tgt is not None)
     if order.key not in columns and order.key != "target" and order.key in available:
         columns.append(order.key)
-    columns += [k for k in ("tokens_per_s", "peak_memory_mib", "params") if k in available and k not in columns]
+    columns += [k for k in COUNTS if k in available and k not in columns]
     cells = group_cells(runs, keys)
     for cell in cells:
         aggregate(cell, columns, tgt)
@@ -150,6 +150,7 @@ def write(report: Report, plots: bool = True, length_metric: str = "exact_match"
     d.mkdir(parents=True, exist_ok=True)
     if plots:
         made = {"validation loss": plot_loss(report.cells, d / FILES["loss"]),
+                "validation loss against training FLOPs": plot_loss_vs_flops(report.cells, d / FILES["flops"]),
                 f"{length_metric} by sequence length": plot_by_length(report.cells, d / FILES["length"],
                                                                        length_metric),
                 "perplexity by evaluation context": plot_by_context(report.cells, d / FILES["context"])}

@@ -107,6 +107,38 @@ def plot_loss(cells: list[Cell], path: Path, key: str = "val/loss") -> Path | No
     return _save(fig, ax, path)
 
 
+def flops_curves(cell: Cell, key: str = "val/loss") -> list[dict[float, float]]:
+    """Each completed run's `key` against the training FLOPs spent when it was measured: the logged running
+    total train/flops, interpolated at the metric's step (linear from step 0 at 0 FLOPs)."""
+    curves = []
+    for run in cell.of("completed"):
+        if not run.metrics or not run.metrics.get(key) or not run.metrics.get("train/flops"):
+            continue
+        spent = [(0.0, 0.0), *points(run.metrics["train/flops"])]
+        steps, flops = np.array([p[0] for p in spent]), np.array([p[1] for p in spent])
+        slope = flops[-1] / steps[-1] if steps[-1] > 0 else 0.0
+        curve = {}
+        for step, value in points(run.metrics[key]):
+            at = np.interp(step, steps, flops) if step <= steps[-1] else flops[-1] + slope * (step - steps[-1])
+            if at > 0:
+                curve[float(at)] = value
+        if curve:
+            curves.append(curve)
+    return curves
+
+
+def plot_loss_vs_flops(cells: list[Cell], path: Path, key: str = "val/loss") -> Path | None:
+    drawn = [(c.label, curves) for c in cells if (curves := flops_curves(c, key))]
+    if not drawn:
+        return None
+    fig, ax = _axes(f"{key} against training compute (mean +- 1 std over seeds)", "training FLOPs (log scale)",
+                    key)
+    ax.set_xscale("log")
+    for label, curves in drawn:
+        _draw(ax, label, curves)
+    return _save(fig, ax, path)
+
+
 def plot_by_length(cells: list[Cell], path: Path, name: str = "exact_match") -> Path | None:
     drawn = [(c.label, curves) for c in cells
              if (curves := [x for r in c.of("completed") if (x := by_length(r, name))])]

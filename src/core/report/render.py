@@ -15,8 +15,13 @@ from typing import Any
 from archsweep.core.report.cells import Cell, SortKey, Stat, Target
 from archsweep.core.report.runs import Run, Skipped
 
-COUNTS = ("tokens_per_s", "peak_memory_mib", "params")  # shown last, as whole numbers, without a deviation
-HEADERS = {"tokens_per_s": "tokens/s", "peak_memory_mib": "peak MiB"}
+# shown last, without a deviation: what each cell cost and what was held fixed (parameters, FLOPs)
+COUNTS = ("tokens_per_s", "mfu", "peak_memory_mib", "params", "flops_per_token", "total_flops")
+HEADERS = {"tokens_per_s": "tokens/s", "peak_memory_mib": "peak MiB", "flops_per_token": "FLOPs/token",
+           "total_flops": "total FLOPs", "mfu": "MFU"}
+FORMATS: dict[str, Callable[[float], str]] = {"mfu": lambda v: f"{100 * v:.1f}%",
+                                              "flops_per_token": lambda v: f"{v:.4g}",
+                                              "total_flops": lambda v: f"{v:.4g}"}
 
 
 @dataclass
@@ -48,6 +53,11 @@ def stat_text(s: Stat, whole: bool = False) -> str:
     return num(s.mean, whole) if s.std is None or whole else f"{num(s.mean)} +- {num(s.std)}"
 
 
+def count_text(key: str, s: Stat) -> str:
+    fmt = FORMATS.get(key)
+    return stat_text(s, True) if fmt is None or s.mean is None or not math.isfinite(s.mean) else fmt(s.mean)
+
+
 def target_text(cell: Cell) -> str:
     steps, reached = cell.target_steps, cell.reached()
     if not steps:
@@ -66,8 +76,8 @@ def table(report: Report) -> tuple[list[str], list[list[str]], list[bool]]:
     cols += [(k, lambda c, k=k: stat_text(c.stats[k]), True) for k in report.columns if k not in COUNTS]
     if report.target is not None:
         cols.append(("steps to target", target_text, True))
-    cols += [(HEADERS.get(k, k), lambda c, k=k: stat_text(c.stats[k], True), True) for k in report.columns
-             if k in COUNTS]
+    cols += [(HEADERS.get(k, k), lambda c, k=k: count_text(k, c.stats[k]), True)
+             for k in sorted((k for k in report.columns if k in COUNTS), key=COUNTS.index)]
     cols += [("diverged", lambda c: str(len(c.of("diverged"))), True),
              ("failed", lambda c: str(len(c.of("failed"))), True)]
     return [h for h, _, _ in cols], [[f(c) for _, f, _ in cols] for c in report.cells], [r for _, _, r in cols]

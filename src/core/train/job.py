@@ -88,19 +88,26 @@ def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
     filled = list(task.model_fields())
+    field = cfg.get("match_field", "d_ff")
+    if cfg.match_params is not None and cfg.get("match_flops") is not None:
+        raise ConfigError("match_params and match_flops both set: a model can be held to one of them; set the "
+                          "other to null")
     if cfg.match_params is not None:
-        model_cfg = match_params(model_cfg, cfg.match_params)
-        filled.append("d_ff")
+        model_cfg = match_params(model_cfg, cfg.match_params, field)
+        filled.append(field)
+    if cfg.get("match_flops") is not None:
+        model_cfg = match_flops(model_cfg, cfg.match_flops, task, field)
+        filled.append(field)
     with open_dict(cfg):  # the resolved config records what was actually built
         for key in filled:
             cfg.model[key] = getattr(model_cfg, key)
     return model_cfg
 
 
-def match_params(model_cfg: ModelConfig, target: Any) -> ModelConfig:
-    """Solve model.d_ff for `target`: a parameter count, or model fields naming a reference model (this model with
-    those fields changed, e.g. {ffn: relu}), whose parameter count is then the target."""
-    from archsweep.core.model.build import match_d_ff, parameter_count  # imports torch; only when asked for
+def match_params(model_cfg: ModelConfig, target: Any, field: str = "d_ff") -> ModelConfig:
+    """Solve model.<field> (d_ff) for `target`: a parameter count, or model fields naming a reference model (this
+    model with those fields changed, e.g. {ffn: relu}), whose parameter count is then the target."""
+    from archsweep.core.model.build import match_d_ff, match_field, parameter_count  # torch; only when asked
 
     try:
         if isinstance(target, DictConfig):
@@ -109,12 +116,83 @@ def match_params(model_cfg: ModelConfig, target: Any) -> ModelConfig:
             target = parameter_count(reference)
             log.info(f"match_params: the reference model ({', '.join(f'{k}={v}' for k, v in fields.items())}) "
                      f"has {target:,} parameters")
-        matched, count = match_d_ff(model_cfg, target)
+        if field == "d_ff":
+            matched, count = match_d_ff(model_cfg, target)
+        else:
+            model_cfg.validate()
+            matched, count = match_field(model_cfg, target, parameter_count, "match_params", field)
     except ValueError as e:
         raise ConfigError(str(e) if str(e).startswith("match_params") else f"match_params: {e}") from None
-    log.info(f"match_params: model.d_ff={matched.d_ff} gives {count:,} parameters ({(count - target) / target:+.2%} "
-             f"from {target:,})")
+    log.info(f"match_params: model.{field}={getattr(matched, field)} gives {count:,.0f} parameters "
+             f"({(count - target) / target:+.2%} from {target:,})")
     return matched
+
+
+def match_flops(model_cfg: ModelConfig, target: Any, task: Task, field: str = "d_ff") -> ModelConfig:
+    """Solve model.<field> (d_ff) so the training FLOPs per token, at the task's batch shape, equal `target`: a
+    number, or model fields naming a reference model (e.g. {attention: full}) whose FLOPs per token it is."""
+    from archsweep.core.model.build import flops_per_token, match_field  # imports torch; only when asked for
+
+    shape = task.flop_shape(model_cfg.kind)
+    measure = lambda cfg: flops_per_token(cfg, shape)  # noqa: E731
+    try:
+        if isinstance(target, DictConfig):
+            fields = OmegaConf.to_container(target, resolve=True)
+            reference = ModelConfig.from_dict({**model_cfg.to_dict(), **fields})
+            reference.validate()
+            target = measure(reference)
+            log.info(f"match_flops: the reference model ({', '.join(f'{k}={v}' for k, v in fields.items())}) "
+                     f"takes {target:,.0f} training FLOPs per token")
+        elif isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0:
+            raise ValueError(f"match_flops={target!r} must be a positive number of FLOPs per token, model fields "
+                             f"naming a reference model (e.g. {{attention: full}}), or null to turn it off")
+        model_cfg.validate()
+        matched, count = match_field(model_cfg, float(target), measure, "match_flops", field, "FLOPs per token")
+    except ValueError as e:
+        raise ConfigError(str(e) if str(e).startswith("match_flops") else f"match_flops: {e}") from None
+    log.info(f"match_flops: model.{field}={getattr(matched, field)} gives {count:,.0f} training FLOPs per token "
+             f"({(count - target) / target:+.2%} from {target:,.0f})")
+    return matched
+
+
+def apply_budget(cfg: DictConfig, model_cfg: ModelConfig, task: Task) -> None:
+    """budget.flops or budget.tokens -> trainer.max_steps (the nearest whole number of optimiser steps), from the
+    task's batch shape, the gradient accumulation and the number of processes."""
+    budget = cfg.get("budget") or {}
+    flops, tokens = budget.get("flops"), budget.get("tokens")
+    if flops is None and tokens is None:
+        return
+    if flops is not None and tokens is not None:
+        raise ConfigError("budget.flops and budget.tokens both set: give one of them")
+    for name, value in (("flops", flops), ("tokens", tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigError(f"budget.{name}={value!r} must be a positive number (e.g. budget.{name}=1e12)")
+    from archsweep.core.model.build import flop_count, tokens_of
+    from archsweep.variants.flops import TRAIN_FACTOR
+
+    shape = task.flop_shape(model_cfg.kind)
+    batches = int(cfg.trainer.get("accumulate_grad_batches", 1)) * world_size(cfg.trainer)
+    if flops is not None:
+        per_step = TRAIN_FACTOR * flop_count(model_cfg, shape) * batches
+        what = f"budget.flops={flops:.3g} at {per_step:.4g} FLOPs per step"
+    else:
+        per_step = tokens_of(shape) * batches
+        what = f"budget.tokens={tokens:.4g} at {per_step:,} tokens per step"
+    steps = max(1, round((flops if flops is not None else tokens) / per_step))
+    with open_dict(cfg):
+        cfg.trainer.max_steps = steps
+    log.info(f"{what}: trainer.max_steps={steps}")
+
+
+def world_size(trainer: DictConfig) -> int:
+    """Processes a data-parallel strategy starts (devices x nodes), 1 otherwise."""
+    if not str(trainer.get("strategy", "auto")).startswith("ddp"):
+        return 1
+    devices = trainer.get("devices", 1)
+    count = len(devices) if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices) else (
+        len(str(devices).split(",")) if isinstance(devices, str) and "," in devices else int(devices)
+        if str(devices).lstrip("-").isdigit() and int(devices) > 0 else 1)
+    return count * int(trainer.get("num_nodes", 1))
 
 
 def check_training(cfg: DictConfig) -> Checked:
@@ -208,6 +286,15 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
         raise ConfigError(str(e)) from None
     checked = check_training(cfg)  # before the model: its variants import torch, these settings need not
     model_cfg = model_config(cfg, task)
+    if cfg.get("budget") is not None:
+        apply_budget(cfg, model_cfg, task)
+        try:  # the schedule against the steps the budget gives
+            check_warmup(cfg.schedule, cfg.trainer.max_steps)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if cfg.schedule.name == "cosine" and cfg.schedule.total_steps <= cfg.schedule.warmup_steps:
+            raise ConfigError(f"the budget gives {cfg.trainer.max_steps} steps, no more than schedule.warmup_steps="
+                              f"{cfg.schedule.warmup_steps}; raise the budget or lower the warm-up")
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
 
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from archsweep.core.model.config import ModelConfig
-from archsweep.variants.model import FORMS, IMAGE, form_of, kinds_of
+from archsweep.variants.flops import Shape
+from archsweep.variants.model import FORMS, IMAGE, SOURCE_TARGET, form_of, kinds_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -84,6 +85,17 @@ class Task:
         """Batches for `split` in the form `kind` takes. `start` is the number of batches this process has
         already consumed (resuming); `rank`/`world_size` shard the data across data-parallel processes."""
         raise NotImplementedError
+
+    def flop_shape(self, kind: str) -> Shape:
+        """The batch shape FLOP matching and budgets plan with: a training batch at the longest input (exact for
+        fixed-length tasks such as the language models; an upper bound where lengths vary). The logged figures
+        count every batch at its own shape."""
+        longest, form = self.max_input_len(kind), form_of(kind)
+        if form == IMAGE:
+            return Shape(self.batch_size, 0)
+        if form == SOURCE_TARGET:
+            return Shape(self.batch_size, longest, memory=longest)
+        return Shape(self.batch_size, longest)
 
     def save(self, run_dir: str | Path) -> None:
         """Write what a run needs to read its outputs back (a tokenizer) into the run directory (str or Path)."""

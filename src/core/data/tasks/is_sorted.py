@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from archsweep.core.data.tasks.synthetic import SyntheticTask
 from archsweep.core.model.config import ModelConfig
+from archsweep.variants.flops import Shape
 from archsweep.variants.model import BIDIRECTIONAL, FORMS, form_of
 
 if TYPE_CHECKING:
@@ -56,6 +57,10 @@ class IsSortedTask(SyntheticTask):
 
     def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
         return forward_classify if form_of(kind) == BIDIRECTIONAL else super().forward_fn(kind)
+
+    def flop_shape(self, kind: str) -> Shape:
+        shape = super().flop_shape(kind)
+        return shape.replace(pooled=True) if form_of(kind) == BIDIRECTIONAL else shape  # BOS + source, one label
 
     def examples(self, gen: Generator, lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         import torch

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from archsweep.core.data.tasks.base import Task
+from archsweep.variants.flops import Shape
 from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, form_of
 
 if TYPE_CHECKING:
@@ -66,6 +67,11 @@ class SyntheticTask(Task):
     def max_input_len(self, kind: str) -> int:
         src, tgt = self.longest()
         return {SOURCE_TARGET: max(src, tgt + 1), CAUSAL: src + tgt + 2, BIDIRECTIONAL: src}[form_of(kind)]
+
+    def flop_shape(self, kind: str) -> Shape:
+        """Training batches are padded to their longest row, about max_len (long_max_len is for test_long)."""
+        shape, scale = super().flop_shape(kind), self.max_len / self.long_max_len
+        return shape.replace(length=max(1, round(shape.length * scale)), memory=round(shape.memory * scale))
 
     def symbol(self, token: int) -> str:
         return str(token - self.first_symbol)

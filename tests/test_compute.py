@@ -1,0 +1,151 @@
+"""Compute as a controlled variable: match_flops, budget.flops / budget.tokens, the peak behind MFU, and what a
+run logs (metrics.csv, W&B, results.json)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+from wandb_reader import read_run
+
+from archsweep.core.model.build import build_model, flops_per_token
+from archsweep.core.train import compute
+from archsweep.core.train.job import ConfigError, apply_budget, build_task, model_config
+from archsweep.variants.flops import TRAIN_FACTOR, forward_flops
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+LM = ("model=decoder_only", "task=shakespeare_char")
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def solved(*overrides: str):
+    cfg = compose_train(*overrides)
+    task = build_task(cfg)
+    return cfg, task, model_config(cfg, task)
+
+
+@pytest.mark.parametrize("attention", ["sliding_window", "linear"])
+def test_match_flops_holds_flops_per_token_to_the_reference(attention):
+    over = (*LM, "task.block_size=256", "model.max_seq_len=256", f"attention={attention}")
+    cfg, task, matched = solved(*over, "match_flops={attention: full}")
+    _, _, reference = solved(*over, "attention=full")
+    _, _, plain = solved(*over)
+    shape = task.flop_shape("decoder_only")
+    want = flops_per_token(reference, shape)
+    assert flops_per_token(plain, shape) < 0.98 * want  # the variant alone is cheaper, so the match has work to do
+    assert matched.d_ff > plain.d_ff and cfg.model.d_ff == matched.d_ff  # recorded in the resolved config
+    assert flops_per_token(matched, shape) == pytest.approx(want, rel=0.02)
+
+
+def test_match_flops_takes_a_number_and_a_named_field():
+    cfg, task, matched = solved(*LM, "match_flops=2e6", "match_field=n_layers")
+    assert flops_per_token(matched, task.flop_shape("decoder_only")) == pytest.approx(2e6, rel=0.25)
+    assert matched.n_layers != 4 and matched.d_ff == 256
+
+
+@pytest.mark.parametrize("override, message", [
+    ("match_flops=-1", "must be a positive number of FLOPs per token"),
+    ("match_flops=10", "below the .* FLOPs per token this model has with d_ff=1"),
+    ("match_field=colour", "solves one of d_ff"),
+])
+def test_match_flops_refuses_bad_targets(override, message):
+    extra = () if override.startswith("match_flops") else ("match_flops=2e6",)
+    with pytest.raises(ConfigError, match=message):
+        solved(*LM, override, *extra)
+
+
+def test_match_flops_and_match_params_together_are_refused():
+    with pytest.raises(ConfigError, match="both set"):
+        solved(*LM, "match_flops=2e6", "match_params=100000")
+
+
+@pytest.mark.parametrize("width", [32, 64, 96])
+def test_budget_flops_gives_every_width_the_same_compute(width):
+    cfg, task, model_cfg = solved(*LM, f"model.d_model={width}", "budget.flops=5e11")
+    apply_budget(cfg, model_cfg, task)
+    per_step = TRAIN_FACTOR * forward_flops(build_model(model_cfg), task.flop_shape("decoder_only"))
+    assert cfg.trainer.max_steps * per_step == pytest.approx(5e11, rel=0.02)
+
+
+def test_budget_tokens_counts_accumulation_and_processes():
+    cfg, task, model_cfg = solved(*LM, "budget.tokens=96000", "trainer.accumulate_grad_batches=2",
+                                  "trainer=ddp", "trainer.devices=2")
+    apply_budget(cfg, model_cfg, task)
+    assert cfg.trainer.max_steps == round(96000 / (12 * 64 * 2 * 2))
+
+
+@pytest.mark.parametrize("budget", ["budget.flops=0", "budget.tokens=abc"])
+def test_bad_budgets_are_refused(budget):
+    cfg, task, model_cfg = solved(*LM, budget)
+    with pytest.raises(ConfigError, match="must be a positive number"):
+        apply_budget(cfg, model_cfg, task)
+
+
+def test_both_budgets_are_refused():
+    cfg, task, model_cfg = solved(*LM)
+    with open_dict(cfg):
+        cfg.budget.flops, cfg.budget.tokens = 1e12, 1e6
+    with pytest.raises(ConfigError, match="both set"):
+        apply_budget(cfg, model_cfg, task)
+
+
+def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    assert compute.peak_flops(cpu, "32-true", 1e12, tmp_path) == (1e12, "trainer.peak_flops")
+    monkeypatch.setattr(compute.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    fake_gpu = torch.device("cuda", 0)
+    assert compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path)[0] == 989e12
+    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path)[0] == 67e12
+    probes = []
+    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: probes.append(dtype) or 5e10)
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path) == (5e10, "matmul probe")
+    again, source = compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert again == 5e10 and "cached" in source and probes == [torch.float32]  # measured once per machine
+    compute.peak_flops(cpu, "bf16-mixed", None, tmp_path)
+    assert probes == [torch.float32, torch.bfloat16]  # another precision is another peak
+    (tmp_path / "peak_flops.json").write_text("{not json")
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path)[0] == 5e10  # a corrupt cache is measured again
+
+
+def test_the_probe_measures_a_real_rate():
+    rate = compute.measure_matmul_peak(torch.device("cpu"), torch.float32, seconds=0.2)
+    assert 1e8 < rate < 1e14
+
+
+def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "ARCHSWEEP_CACHE_DIR": str(tmp_path)}
+    env.pop("WANDB_API_KEY", None)
+    args = [*LM, "trainer.max_steps=8", "trainer.log_every_n_steps=2", "trainer.val_check_interval=4",
+            "task.val_batches=2", "task.test_batches=2", "diagnostics.every_n_steps=0", "eval.decode_samples=0",
+            "trainer.peak_flops=1e11", f"hydra.run.dir={tmp_path / 'run'}", f"output_root={tmp_path}"]
+    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    _, task, model_cfg = solved(*LM)
+    per_token = flops_per_token(model_cfg, task.flop_shape("decoder_only"))
+    assert results["flops_per_token"] == pytest.approx(per_token)
+    assert results["total_flops"] == pytest.approx(per_token * 12 * 64 * 8)  # 8 steps of 12 x 64 tokens
+    assert results["peak_flops"] == 1e11 and 0 < results["mfu"] < 1
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    logged = [r for r in rows if r.get("train/mfu")]
+    assert [int(r["step"]) for r in logged] == [1, 3, 5, 7]  # every log step (steps are 0-based in the csv)
+    assert float(logged[-1]["train/flops"]) == pytest.approx(results["total_flops"])
+    assert all(0 < float(r["train/mfu"]) < 1 for r in logged)
+    (run_file,) = run.glob("wandb/offline-run-*/run-*.wandb")
+    history = read_run(run_file)["history"]
+    assert {"train/mfu", "train/flops", "train/flops_per_token"} <= {k for row in history for k in row}
