@@ -160,11 +160,13 @@ def test_attention_figure_has_a_panel_per_kind_and_saves_a_png(tmp_path):
     labels = {"encoder.self_attn": (list("abcde"), list("vwxyz"))}
     assert grid_shapes(maps) == {"encoder.self_attn": (3, 4), "decoder.cross_attn": (3, 4)}
     fig = attention_figure(maps, labels, "test")
-    assert len(fig.axes) == 2
-    for ax, layers in zip(fig.axes, maps.values(), strict=True):
+    assert len(fig.axes) == 3  # two panels and the colour bar
+    for ax, layers in zip(fig.axes, maps.values(), strict=False):
         assert ax.images[0].get_array().shape == tuple(tile(layers).shape)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list("abcde")  # beside layer 0
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list("vwxyz")  # under head 0
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list("vwxyz") * 4  # under every head
+    assert "query: source token" in fig.axes[0].get_ylabel() and "key: source token" in fig.axes[0].get_xlabel()
+    assert fig.axes[-1].get_ylabel().startswith("attention probability")  # the colour bar
     assert fig.axes[1].get_yticklabels() == []  # no labels given
     path = save_figure(fig, tmp_path / "attention" / "step_7.png")
     import matplotlib.image
@@ -342,3 +344,16 @@ def test_diverging_run_is_stopped_and_marked(tmp_path, lr):
     else:
         assert "consecutive checks" in res["diverged"]["reason"] and res["steps"] == 6  # checks at 2, 4, 6
         assert math.isfinite(res["val"]["loss"]) and res["val"]["loss"] > 2 * math.log(20)
+
+
+def test_attention_figure_grows_with_the_sequence_and_thins_its_labels():
+    from archsweep.core.eval.attention_maps import SHOWN
+
+    short = attention_figure({"decoder.self_attn": [torch.rand(2, 8, 8).softmax(-1)]}, {}, "short")
+    names = [chr(97 + i % 26) if i % 7 else " " for i in range(64)]
+    long = attention_figure({"decoder.self_attn": [torch.rand(2, 64, 64).softmax(-1)]},
+                            {"decoder.self_attn": (names, names)}, "long")
+    assert long.get_size_inches()[0] > short.get_size_inches()[0] + 2
+    shown = [t.get_text() for t in long.axes[0].get_yticklabels()]
+    assert 8 <= len(shown) < 64 and SHOWN[" "] in shown  # every k-th, spaces made visible
+    assert all(t.get_rotation() == 0 for t in long.axes[0].get_xticklabels())  # one character: upright

@@ -8,6 +8,7 @@ of layers x heads. Drawing uses matplotlib's `Figure` directly (Agg canvas, no p
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +23,19 @@ if TYPE_CHECKING:
 LAYER = re.compile(r"^(?P<stack>.+)\.blocks\.(?P<layer>\d+)\.(?P<attn>\w+)$")
 TITLES = {"encoder.self_attn": "encoder self-attention", "decoder.self_attn": "decoder self-attention",
           "decoder.cross_attn": "cross-attention (decoder queries, encoder keys)"}
-CELL_INCHES, DPI, GAP = 1.2, 100, 1  # GAP: blank cells between tiles
-LABELLED_TOKENS = 32  # tick labels only up to this many tokens per axis
+# (query axis, key axis) of each kind: what a row and a column of a tile are
+AXES = {"encoder.self_attn": ("query: source token", "key: source token"),
+        "decoder.self_attn": ("query: token (predicting the next)", "key: token attended to (earlier or the same)"),
+        "decoder.cross_attn": ("query: target token (predicting the next)", "key: source token")}
+DPI, GAP = 100, 1  # GAP: blank cells between tiles
+TILE_INCHES = (1.3, 3.0)  # a tile's side: 0.055 in per token, within these bounds, so long inputs get room
+LABEL_POINTS = 7.5  # tick labels at least this far apart (points); more tokens: every k-th is labelled
+GAMMA = 0.5  # colour scale: square root, so that the many small probabilities of a long row are told apart
+SHOWN = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5"}  # characters a tick label would not show
+
+
+def tile_inches(tokens: int) -> float:
+    return min(max(0.055 * tokens, TILE_INCHES[0]), TILE_INCHES[1])
 
 
 def parse_name(name: str) -> tuple[str, str, int]:
@@ -67,43 +79,62 @@ def tile(layers: list[Tensor]) -> Tensor:
 def attention_figure(maps: dict[str, list[Tensor]], labels: dict[str, tuple[Sequence[str], Sequence[str]]],
                      title: str) -> Figure:
     """One figure, one panel per attention kind holding its layers x heads grid (`tile`), with the query tokens
-    down the left and the key tokens along the bottom. labels: {kind: (query labels, key labels)}."""
+    down the left, the key tokens under every head, axis titles saying what each side is, and one colour bar.
+    A tile's size grows with its number of tokens; labels are thinned when they would overlap. Probabilities of
+    exactly 0 (masked keys: the future of a causal model, padding) are drawn white, apart from small values; the
+    colour scale is a square root (`GAMMA`), so that a long row's many small probabilities are told apart.
+    labels: {kind: (query labels, key labels)}."""
     import matplotlib
+    from matplotlib.colors import PowerNorm
     from matplotlib.figure import Figure
 
     shapes = grid_shapes(maps)
-    rows = sum(r for r, _ in shapes.values())
-    cols = max(c for _, c in shapes.values())
-    fig = Figure(figsize=(cols * CELL_INCHES + 1.2, rows * CELL_INCHES + 0.9 * len(maps) + 0.3), dpi=DPI,
-                 layout="constrained")
-    fig.suptitle(title, fontsize=9)
-    axes = fig.subplots(len(maps), 1, squeeze=False, height_ratios=[r for r, _ in shapes.values()])[:, 0]
+    sizes = {kind: (max(m.shape[1] for m in layers), max(m.shape[2] for m in layers)) for kind, layers in maps.items()}
+    widths = [c * tile_inches(sizes[k][1]) for k, (_, c) in shapes.items()]
+    heights = [r * tile_inches(sizes[k][0]) for k, (r, _) in shapes.items()]
+    fig = Figure(figsize=(max(widths) + 2.4, sum(heights) + 1.25 * len(maps) + 0.5), dpi=DPI, layout="constrained")
+    fig.suptitle(title, fontsize=10)
+    axes = fig.subplots(len(maps), 1, squeeze=False, height_ratios=heights)[:, 0]
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+    drawn = None
     for (kind, layers), ax in zip(maps.items(), axes, strict=True):
         image = tile(layers)
-        ax.imshow(image.numpy(), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto", interpolation="nearest")
-        ax.set_title(TITLES.get(kind, kind), fontsize=8, pad=12)
+        image = image.masked_fill(image == 0, float("nan"))  # masked keys: white, not "attention 0"
+        drawn = ax.imshow(image.numpy(), norm=PowerNorm(GAMMA, vmin=0.0, vmax=1.0), cmap=cmap, aspect="auto",
+                          interpolation="nearest")
+        ax.set_title(TITLES.get(kind, kind), fontsize=9, pad=14)
         ax.tick_params(length=0)
-        tq, tk = max(m.shape[1] for m in layers), max(m.shape[2] for m in layers)
+        tq, tk = sizes[kind]
         n_rows, n_cols = shapes[kind]
         q_labels, k_labels = labels.get(kind, ((), ()))
-        _ticks(ax.set_yticks, q_labels, tq, 1, {})
-        _ticks(ax.set_xticks, k_labels, tk, 1, {"rotation": 90})
+        _ticks(ax.set_yticks, q_labels, tq, 1, tile_inches(tq), {})
+        upright = all(len(str(n)) <= 2 for n in k_labels)  # single characters read best unrotated
+        _ticks(ax.set_xticks, k_labels, tk, n_cols, tile_inches(tk), {} if upright else {"rotation": 90})
+        q_axis, k_axis = AXES.get(kind, ("query", "key"))
+        ax.set_ylabel(f"{q_axis}\n(one row of tiles per layer)", fontsize=7)
+        ax.set_xlabel(f"{k_axis}  (one column of tiles per head)", fontsize=7)
         for r in range(n_rows):
-            ax.text(image.shape[1] - 0.2, r * (tq + GAP) + tq / 2 - 0.5, f"layer {r}", rotation=270, fontsize=6,
+            ax.text(image.shape[1] - 0.2, r * (tq + GAP) + tq / 2 - 0.5, f"layer {r}", rotation=270, fontsize=7,
                     va="center", ha="left")
         for h in range(n_cols):
-            ax.text(h * (tk + GAP) + tk / 2 - 0.5, -0.7, f"head {h}", fontsize=6, va="bottom", ha="center")
+            ax.text(h * (tk + GAP) + tk / 2 - 0.5, -0.7, f"head {h}", fontsize=7, va="bottom", ha="center")
+    colorbar = fig.colorbar(drawn, ax=list(axes), shrink=min(0.6, 5.0 / max(sum(heights), 1.0)), pad=0.03,
+                            aspect=20)
+    colorbar.set_label("attention probability (square-root scale;\nwhite: masked)", fontsize=7)
+    colorbar.ax.tick_params(labelsize=6)
     return fig
 
 
-def _ticks(set_ticks, names: Sequence[str], size: int, repeats: int, style: dict) -> None:
-    """Token names under every tile of a row (or beside every tile of a column), when there are few enough."""
-    if not names or len(names) != size or size > LABELLED_TOKENS:
+def _ticks(set_ticks, names: Sequence[str], size: int, repeats: int, inches: float, style: dict) -> None:
+    """Token names beside the first tile of a row or under every tile of a column; every k-th name when there
+    are too many to be read (k from the tile's size)."""
+    if not names or len(names) != size:
         set_ticks([])
         return
-    positions = [i * (size + GAP) + j for i in range(repeats) for j in range(size)]
-    set_ticks(positions, list(names) * repeats, fontsize=5, **style)
+    every = max(1, math.ceil(LABEL_POINTS / (inches * 72 / size)))
+    shown = [SHOWN.get(n, n) for n in names]
+    positions = [i * (size + GAP) + j for i in range(repeats) for j in range(0, size, every)]
+    set_ticks(positions, [shown[j] for _ in range(repeats) for j in range(0, size, every)], fontsize=7, **style)
 
 
 def save_figure(fig: Figure, path: Path) -> Path:

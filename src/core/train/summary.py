@@ -50,7 +50,7 @@ def metric_parts(kind: str, val: dict[str, float], test: dict[str, float], chars
     if kind == "lm":
         bpc = bits_per_char(test.get("loss", math.nan), chars)
         return [f"test perplexity {f(test.get('ppl'), '.3f')}", f"bits per character {f(bpc, '.3f')}",
-                f"(val perplexity {f(val.get('ppl'), '.3f')})"]
+                f"val perplexity {f(val.get('ppl'), '.3f')}"]
     if kind == "translation":
         return [f"val BLEU {f(val.get('bleu'), '.2f')} (decoded)", f"test perplexity {f(test.get('ppl'), '.3f')}",
                 f"val perplexity {f(val.get('ppl'), '.3f')}"]
@@ -58,7 +58,7 @@ def metric_parts(kind: str, val: dict[str, float], test: dict[str, float], chars
         parts = [f"test accuracy {f(test.get('acc'), '.4f')}"]
         if "top5_acc" in test:
             parts.append(f"test top-5 accuracy {f(test['top5_acc'], '.4f')}")
-        return parts + [f"(val accuracy {f(val.get('acc'), '.4f')})"]
+        return parts + [f"val accuracy {f(val.get('acc'), '.4f')}"]
     parts = []
     if "decoded_exact_match" in val:
         parts.append(f"val exact match {f(val['decoded_exact_match'], '.4f')} (decoded)")
