@@ -26,7 +26,7 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
         "task.max_len=8", "task.val_batches=2", "task.test_batches=2", "trainer.max_steps=20",
         "trainer.val_check_interval=10", "trainer.log_every_n_steps=2", "schedule.warmup_steps=5"]
 RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_context",
-               "name", "group", "run_dir", "choices", "overrides", "seed", "params", "steps",
+               "name", "group", "run_dir", "choices", "overrides", "seed", "params", "steps", "train",
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}

@@ -174,14 +174,14 @@ def sort_cells(cells: list[Cell], sort: SortKey) -> list[Cell]:
 
 
 def metric_columns(runs: list[Run], wanted: list[str] | None) -> list[str]:
-    """The final metrics shown: those asked for, or val loss, val/test/test_long exact match, BLEU, whichever the
-    completed runs have."""
+    """The final metrics shown: those asked for, or val loss, the final training loss and its spike count,
+    val/test/test_long exact match, BLEU, whichever the completed runs have."""
     done = [r for r in runs if r.status == "completed"]
     have = lambda key: any(metric(r, key) is not None for r in done)
     if wanted:
         return list(wanted)
-    default = ["val/loss", "val/exact_match", "test/exact_match", "test_long/exact_match", "val/bleu", "test/bleu",
-               "by_context/ppl_ratio"]
+    default = ["val/loss", "train/loss", "train/loss_spikes", "val/exact_match", "test/exact_match",
+               "test_long/exact_match", "val/bleu", "test/bleu", "by_context/ppl_ratio"]
     return [k for k in default if have(k)]
 
 

@@ -34,7 +34,7 @@ from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.callback_group import make_callbacks
 from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, StopOnSignal
 from archsweep.core.train.decode_callback import DecodeOnValidation
-from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
+from archsweep.core.train.diagnostic_callbacks import DivergenceMonitor, diagnostic_callbacks
 from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
@@ -116,6 +116,15 @@ def wandb_lines(loggers: list[Any]) -> list[str]:
             elif getattr(run, "url", None):
                 lines.append(f"W&B run {run.url}")
     return lines
+
+
+def train_summary(trainer: L.Trainer) -> dict[str, float | None]:
+    """The last logged training loss (the final loss; val/loss comes from the best checkpoint) and the loss spikes
+    the divergence check counted (diagnostics.spike_factor)."""
+    loss = trainer.callback_metrics.get("train/loss")
+    monitor = next((cb for cb in trainer.callbacks if isinstance(cb, DivergenceMonitor)), None)
+    return {"loss": float(loss) if loss is not None else None,
+            "loss_spikes": float(monitor.spikes) if monitor is not None else None}
 
 
 def metrics_of(split: str, out: dict[str, Any]) -> dict[str, float]:
@@ -243,6 +252,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     except (Interrupted, SIGTERMException) as stop:
         return interrupted_results(trainer, stop, info, cfg, setup, n_params, run_id, ckpt_cb)
     fit_s = time.time() - fit_start
+    train = train_summary(trainer)  # before the evaluation below replaces the callback metrics
     if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
     val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
@@ -259,7 +269,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             "diverged": lit.diverged,  # {"step", "reason"} when the divergence check stopped the run
             "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
             "choices": info.choices, "overrides": info.overrides, "seed": cfg.seed, "params": n_params,
-            "steps": trainer.global_step, "val": metrics_of("val", val),
+            "steps": trainer.global_step, "train": train, "val": metrics_of("val", val),
             **{split: metrics_of(split, test) for split in setup.task.test_splits},
             "by_length": lit.by_length,  # split -> source length -> {"n", "exact_match", "acc"}
             "by_context": by_context,  # eval.context_lengths: {"split", "train_length", "rows", "ppl_ratio"}
