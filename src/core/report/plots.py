@@ -66,44 +66,68 @@ def train_length_edge(runs: list[Run]) -> float | None:
     return max(edges) if edges else None
 
 
-def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
+MANY = 10  # more cells than this: colours from a gradient in table order (best first), no markers, faint bands
+
+
+def _axes(title: str, xlabel: str, ylabel: str, n_cells: int = 1) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from cycler import cycler
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    colors = plt.get_cmap("tab20").colors  # 20 distinct colours, then the line style changes
-    ax.set_prop_cycle(cycler(ls=["-", "--", ":"]) * cycler(color=colors[0::2] + colors[1::2]))
+    fig, ax = plt.subplots(figsize=(8, 5 if n_cells <= 20 else 6), dpi=110)
+    if n_cells <= MANY:  # few: distinct colours
+        ax.set_prop_cycle(cycler(color=plt.get_cmap("tab10").colors[:n_cells]))
+    else:  # many: the legend's order (the table's, best first) runs dark to light, so rank reads off the colour
+        colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.92, n_cells))
+        ax.set_prop_cycle(cycler(color=colors))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     return fig, ax
 
 
-def _draw(ax: Any, label: str, curves: list[dict[float, float]]) -> None:
+def _title(what: str, drawn: list[tuple[str, list]]) -> str:
+    seeds = {len(curves) for _, curves in drawn}
+    n = "seeds" if len(seeds) != 1 else "1 seed per cell" if seeds == {1} else f"{seeds.pop()} seeds per cell"
+    return f"{what} (mean +- 1 std over {n})" + (f"; {len(drawn)} cells, best first" if len(drawn) > MANY else "")
+
+
+def _label(label: str, curves: list, drawn: list[tuple[str, list]]) -> str:
+    same = len({len(c) for _, c in drawn}) == 1  # then the title says how many seeds
+    return label if same else f"{label} (n={len(curves)})"
+
+
+def _draw(ax: Any, label: str, curves: list[dict[float, float]], n_cells: int = 1) -> None:
     x, mean, std = mean_band(curves)
-    marker = "o" if len(x) <= 40 else None  # few points: show where they are
-    line = ax.plot(x, mean, marker=marker, ms=3, label=f"{label} (n={len(curves)})")[0]
-    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
+    marker = "o" if len(x) <= 40 and n_cells <= MANY else None  # few points, few lines: show where they are
+    line = ax.plot(x, mean, marker=marker, ms=3, lw=1.6 if n_cells <= MANY else 1.1, label=label)[0]
+    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2 if n_cells <= MANY else 0.06, lw=0)
 
 
 def _save(fig: Any, ax: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the axes
+    entries = len(ax.get_legend_handles_labels()[1])
+    columns = 1 if entries <= 16 else 2 if entries <= 40 else 3  # the legend stays about as tall as the axes
+    ax.legend(fontsize="small" if entries <= 16 else "x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0, ncol=columns)  # beside the axes, never over the curves
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _plot(ax: Any, drawn: list[tuple[str, list]]) -> None:
+    for label, curves in drawn:
+        _draw(ax, _label(label, curves, drawn), curves, len(drawn))
 
 
 def plot_loss(cells: list[Cell], path: Path, key: str = "val/loss") -> Path | None:
     drawn = [(c.label, curves) for c in cells if (curves := loss_curves(c, key))]
     if not drawn:
         return None
-    fig, ax = _axes(f"{key} per cell (mean +- 1 std over seeds)", "step", key)
-    for label, curves in drawn:
-        _draw(ax, label, curves)
+    fig, ax = _axes(_title(f"{key} per cell", drawn), "step", key, len(drawn))
+    _plot(ax, drawn)
     return _save(fig, ax, path)
 
 
@@ -131,11 +155,10 @@ def plot_loss_vs_flops(cells: list[Cell], path: Path, key: str = "val/loss") -> 
     drawn = [(c.label, curves) for c in cells if (curves := flops_curves(c, key))]
     if not drawn:
         return None
-    fig, ax = _axes(f"{key} against training compute (mean +- 1 std over seeds)", "training FLOPs (log scale)",
-                    key)
+    fig, ax = _axes(_title(f"{key} against training compute", drawn), "training FLOPs (log scale)", key,
+                    len(drawn))
     ax.set_xscale("log")
-    for label, curves in drawn:
-        _draw(ax, label, curves)
+    _plot(ax, drawn)
     return _save(fig, ax, path)
 
 
@@ -144,13 +167,12 @@ def plot_by_length(cells: list[Cell], path: Path, name: str = "exact_match") -> 
              if (curves := [x for r in c.of("completed") if (x := by_length(r, name))])]
     if not drawn:
         return None
-    fig, ax = _axes(f"test {name} by sequence length (mean +- 1 std over seeds)", "sequence length", name)
+    fig, ax = _axes(_title(f"test {name} by sequence length", drawn), "sequence length", name, len(drawn))
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.03, 1.03)  # a fraction of examples or tokens
-    for label, curves in drawn:
-        _draw(ax, label, curves)
+    _plot(ax, drawn)
     edge = train_length_edge([r for c in cells for r in c.of("completed")])
     if edge is not None:
         ax.axvline(edge + 0.5, color="grey", ls="--", lw=1, label=f"training lengths end ({edge:g}): test | test_long")
@@ -169,11 +191,10 @@ def plot_by_context(cells: list[Cell], path: Path) -> Path | None:
     drawn = [(c.label, curves) for c in cells if (curves := [x for r in c.of("completed") if (x := by_context(r))])]
     if not drawn:
         return None
-    fig, ax = _axes("test perplexity by evaluation context (mean +- 1 std over seeds)", "evaluation context (tokens)",
-                    "perplexity")
+    fig, ax = _axes(_title("test perplexity by evaluation context", drawn), "evaluation context (tokens)",
+                    "perplexity", len(drawn))
     ax.set(xscale="log", yscale="log")
-    for label, curves in drawn:
-        _draw(ax, label, curves)
+    _plot(ax, drawn)
     trained = {(r.results.get("by_context") or {}).get("train_length") for c in cells for r in c.of("completed")}
     trained.discard(None)
     for length in sorted(trained):
