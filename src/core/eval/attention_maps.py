@@ -77,13 +77,13 @@ def tile(layers: list[Tensor]) -> Tensor:
 
 
 def attention_figure(maps: dict[str, list[Tensor]], labels: dict[str, tuple[Sequence[str], Sequence[str]]],
-                     title: str) -> Figure:
+                     title: str, axes_names: dict[str, tuple[str, str]] | None = None) -> Figure:
     """One figure, one panel per attention kind holding its layers x heads grid (`tile`), with the query tokens
     down the left, the key tokens under every head, axis titles saying what each side is, and one colour bar.
     A tile's size grows with its number of tokens; labels are thinned when they would overlap. Probabilities of
     exactly 0 (masked keys: the future of a causal model, padding) are drawn white, apart from small values; the
     colour scale is a square root (`GAMMA`), so that a long row's many small probabilities are told apart.
-    labels: {kind: (query labels, key labels)}."""
+    labels: {kind: (query labels, key labels)}; axes_names: {kind: (query axis, key axis)} instead of `AXES`."""
     import matplotlib
     from matplotlib.colors import PowerNorm
     from matplotlib.figure import Figure
@@ -110,7 +110,7 @@ def attention_figure(maps: dict[str, list[Tensor]], labels: dict[str, tuple[Sequ
         _ticks(ax.set_yticks, q_labels, tq, 1, tile_inches(tq), {})
         upright = all(len(str(n)) <= 2 for n in k_labels)  # single characters read best unrotated
         _ticks(ax.set_xticks, k_labels, tk, n_cols, tile_inches(tk), {} if upright else {"rotation": 90})
-        q_axis, k_axis = AXES.get(kind, ("query", "key"))
+        q_axis, k_axis = (axes_names or {}).get(kind) or AXES.get(kind, ("query", "key"))
         ax.set_ylabel(f"{q_axis}\n(one row of tiles per layer)", fontsize=7)
         ax.set_xlabel(f"{k_axis}  (one column of tiles per head)", fontsize=7)
         for r in range(n_rows):

@@ -48,8 +48,9 @@ def attention_overlay_figure(images: Tensor, maps: list[Tensor], title: str,
 
     b, h, w, c = images.shape
     cols = 1 + len(maps)
-    fig = Figure(figsize=(1.3 * cols + 0.4, 1.35 * b + 0.5), dpi=DPI, layout="constrained")
-    fig.suptitle(title, fontsize=8)
+    fig = Figure(figsize=(1.45 * cols + 1.0, 1.45 * b + 0.7), dpi=DPI, layout="constrained")
+    fig.suptitle(f"{title}\n(brighter: more attention; each map scaled from its smallest to its largest value)",
+                 fontsize=8)
     axes = fig.subplots(b, cols, squeeze=False)
     grey = images.mean(-1)  # (B, H, W)
     for i in range(b):
@@ -59,12 +60,15 @@ def attention_overlay_figure(images: Tensor, maps: list[Tensor], title: str,
         for j, layer in enumerate(maps, start=1):
             up = F.interpolate(layer[i][None, None].float(), size=(h, w), mode="nearest")[0, 0]  # (H, W)
             axes[i, j].imshow(grey[i].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-            axes[i, j].imshow(up.numpy(), cmap="inferno", alpha=0.6, interpolation="nearest")
+            drawn = axes[i, j].imshow(up.numpy(), cmap="inferno", alpha=0.6, interpolation="nearest")
             if i == 0:
-                axes[i, j].set_title(f"layer {j - 1}", fontsize=6)
+                axes[i, j].set_title(f"layer {j - 1}", fontsize=7)
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
+    if maps:
+        bar = fig.colorbar(drawn, ax=axes[:, 1:].ravel().tolist(), shrink=0.5, ticks=[], aspect=25)
+        bar.set_label("attention: low to high", fontsize=7)
     return fig
 
 
@@ -73,22 +77,26 @@ def confusion_figure(matrix: Tensor, class_names: Sequence[str], title: str) -> 
     from matplotlib.figure import Figure
 
     k = matrix.shape[0]
-    size = min(0.45 * k + 1.8, 14)
-    fig = Figure(figsize=(size + 0.8, size), dpi=DPI, layout="constrained")
+    size = min(0.5 * k + 2.2, 14)
+    fig = Figure(figsize=(size + 1.2, size), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     counts = matrix.cpu().long()
     rates = counts.float() / counts.sum(1, keepdim=True).clamp(min=1)
     image = ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
-    fig.colorbar(image, ax=ax, shrink=0.8, label="share of the true class")
+    bar = fig.colorbar(image, ax=ax, shrink=0.8)
+    bar.set_label("share of the true class (row)", fontsize=9)
+    bar.ax.tick_params(labelsize=8)
+    font = 9 if k <= 12 else 7 if k <= 20 else 6
     if k <= 30:
         for r in range(k):
             for col in range(k):
                 if counts[r, col]:
-                    ax.text(col, r, str(int(counts[r, col])), ha="center", va="center", fontsize=6,
+                    ax.text(col, r, str(int(counts[r, col])), ha="center", va="center", fontsize=font,
                             color="white" if rates[r, col] > 0.5 else "black")
-        ax.set_xticks(range(k), list(class_names), fontsize=6, rotation=90)
-        ax.set_yticks(range(k), list(class_names), fontsize=6)
-    ax.set_xlabel("predicted class", fontsize=7)
-    ax.set_ylabel("true class", fontsize=7)
-    ax.set_title(title, fontsize=8)
+        upright = all(len(str(n)) <= 3 for n in class_names)
+        ax.set_xticks(range(k), list(class_names), fontsize=font, rotation=0 if upright else 90)
+        ax.set_yticks(range(k), list(class_names), fontsize=font)
+    ax.set_xlabel("predicted class", fontsize=10)
+    ax.set_ylabel("true class", fontsize=10)
+    ax.set_title(title, fontsize=10)
     return fig

@@ -259,7 +259,10 @@ class AttentionDiagnostics(L.Callback):
             layers.setdefault(kind, []).append((layer, p[0, :, :len(q_ids), :len(k_ids)]))
             labels[kind] = (self._labels(q_ids, q_stack, seen), self._labels(k_ids, k_stack, seen))
         maps = {kind: [m for _, m in sorted(entries, key=lambda e: e[0])] for kind, entries in layers.items()}
-        fig = attention_figure(maps, labels, f"attention at step {step}, validation example 0")
+        stacks = {parse_name(name)[1]: parse_name(name)[0] for name in probs}
+        embedded = {kind: ("query: position (image patches, after any class token)", "key: position")
+                    for kind, stack in stacks.items() if stack in seen and seen[stack][0].dim() != 2}
+        fig = attention_figure(maps, labels, f"attention at step {step}, validation example 0", embedded)
         return save_figure(fig, self.run_dir / "attention" / f"step_{step}.png")
 
     @staticmethod

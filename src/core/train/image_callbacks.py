@@ -86,8 +86,10 @@ class ClassMetrics(L.Callback):
         stem.with_suffix(".json").write_text(json.dumps(
             {"split": split, "classes": self.class_names, "rows_true_cols_predicted": matrix.tolist()}) + "\n")
         right = int(matrix.diag().sum())
-        fig = confusion_figure(matrix, self.class_names, f"{split}: {right} of {int(matrix.sum())} right "
-                                                         f"(step {trainer.global_step})")
+        total = int(matrix.sum())
+        fig = confusion_figure(matrix, self.class_names, f"{split} confusion matrix: {right} of {total} right "
+                                                         f"(accuracy {right / max(total, 1):.3f}), step "
+                                                         f"{trainer.global_step}")
         path = save_figure(fig, stem.with_suffix(".png"))
         log_image(trainer, f"{split}/confusion_matrix", path, trainer.global_step)
 
