@@ -22,7 +22,8 @@ from archsweep.variants.pos import POS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-ABLATIONS = ["norm_placement", "positional", "ffn_activation", "architecture", "vit_positions"]
+ABLATIONS = ["norm_placement", "positional", "ffn_activation", "architecture", "vit_positions", "stability",
+             "optimizers"]
 
 
 def compose_train(*overrides: str, hydra: bool = False):
@@ -55,6 +56,21 @@ def test_norm_placement_grid_is_placements_by_depth_by_warmup():
     grid = sweep_values(compose_train("experiment=norm_placement", hydra=True).hydra.sweeper.params)
     assert grid["norm"] == options("norm")  # glob(*): a new placement joins the grid
     assert grid["model.n_layers"] == ["2", "6"] and grid["schedule.warmup_steps"] == ["0", "100"]
+
+
+def test_stability_preset_is_qk_norm_by_logit_softcap_at_the_unstable_rate():
+    cfg = compose_train("experiment=stability", hydra=True)
+    grid = sweep_values(cfg.hydra.sweeper.params)
+    assert grid["model.qk_norm"] == ["null", "layernorm"] and grid["model.logit_softcap"] == ["null", "30.0"]
+    assert cfg.model.norm._target_.endswith("PreNorm") and cfg.model.kind == "decoder_only" and cfg.optim.lr == 0.12
+    assert cfg.diagnostics.spike_factor < 2.0  # spikes counted at a character LM's scale
+
+
+def test_optimizers_preset_gives_both_optimisers_one_learning_rate_grid():
+    cfg = compose_train("experiment=optimizers", hydra=True)
+    grid = sweep_values(cfg.hydra.sweeper.params)
+    assert grid["optim"] == ["adamw", "muon"] and len(grid["optim.lr"]) >= 4
+    assert compose_train("experiment=optimizers", "optim=muon").optim.name == "muon"
 
 
 def test_positional_preset_covers_every_encoding_and_a_longer_split():
