@@ -50,8 +50,9 @@ class Attention(nn.Module):
 class SelfAttention(Attention):
     """`value_residual` (ResFormer, Zhou et al. 2024, arXiv 2410.17897): every layer after the first mixes its
     values with the first layer's, v_n <- lambda1 v_n + lambda2 v_1, before attending (so the KV cache and every
-    attention kind see the mixed values); "fixed": lambda1 = 1 - lambda2, lambda2 = `value_lambda` (the paper's
-    1/2, 1/2); "learnable" (the paper's Learnable-ResFormer): two scalars per layer, initialised so (modded-nanogpt learns them); None: off."""
+    attention kind see the mixed values). "fixed": lambda1 = 1 - lambda2, lambda2 = `value_lambda` (the paper's
+    1/2, 1/2); "learnable" (the paper's Learnable-ResFormer; modded-nanogpt learns them too): two scalars per
+    layer, starting there; None: off."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
                  kernel: AttentionKernel, qk_norm: Callable[[int], nn.Module] | None = None,
