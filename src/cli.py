@@ -128,6 +128,10 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--group-by", choices=["task"], default=None,
                    help="task: rank the cells within each task (runs of several tasks are refused without it)")
+    p.add_argument("--scaling", metavar="KEY", help="fit loss against training compute as a power law for each "
+                   "value of KEY (e.g. norm), through the best cell of each FLOP budget (experiment=scaling)")
+    p.add_argument("--scaling-metric", default="val/loss", help="the final metric the --scaling fit uses "
+                   "(default: val/loss)")
     return p.parse_args(argv)
 
 
@@ -137,7 +141,8 @@ def compare_main(argv: list[str] | None = None) -> int:
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     try:
-        report = compare(args.sweeps, args.out, args.target, args.sort, metrics, args.group_by)
+        report = compare(args.sweeps, args.out, args.target, args.sort, metrics, args.group_by, args.scaling,
+                         args.scaling_metric)
         written = write(report, plots=not args.no_plots, length_metric=args.length_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -339,3 +339,78 @@ def test_runs_of_different_tasks_are_ranked_only_within_each_task(tmp_path):
     out = subprocess.run([sys.executable, "compare.py", *map(str, sources), "--out", str(tmp_path / "o2")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--group-by task" in out.stderr
+
+
+def scaling_sweep(tmp_path: Path, exponents: dict[str, float]) -> Path:
+    """norm x width x budget: the best width of each budget follows loss = 10 C^-b exactly; the other width is
+    worse by 5%. Seeds 0 and 1 of each cell differ by +-1% (their mean is on the law)."""
+    s = tmp_path / "scaling"
+    s.mkdir()
+    i = 0
+    for norm, b in exponents.items():
+        for budget in (1e11, 2e11, 4e11, 8e11):
+            for width, worse in ((32, 1.0), (64, 1.05)):
+                for seed, jitter in ((0, 1.01), (1, 0.99)):
+                    loss = 10 * budget ** -b * worse * jitter
+                    flops = budget * (1 + 0.004 * (width == 64))  # a budget is met to within rounding
+                    write_run(s / str(i), [f"norm={norm}", f"model.d_model={width}", f"budget.flops={budget:g}",
+                                           f"seed={seed}"], done(loss, 0.0, 0.0, total_flops=flops,
+                                                                  flops_per_token=1e5 * width))
+                    i += 1
+    return s
+
+
+def test_scaling_fits_the_power_law_of_the_compute_frontier_per_variant(tmp_path):
+    report = compare([scaling_sweep(tmp_path, {"pre": 0.05, "post": 0.08})], scaling="norm")
+    fits = {f.variant: f for f in report.scaling}
+    assert set(fits) == {"pre", "post"}
+    for variant, b in (("pre", 0.05), ("post", 0.08)):
+        fit = fits[variant]
+        assert len(fit.frontier) == 4 and all("model.d_model=32" in label for _, _, label in fit.frontier)
+        assert fit.exponent == pytest.approx(b, abs=1e-3) and fit.exponent_se < 1e-2
+        assert fit.coefficient == pytest.approx(10, rel=0.05)
+    text = terminal(report)
+    assert "norm=pre: loss = " in text and "over 4 budgets" in text
+    written = write(report)
+    assert (report.out_dir / "comparison_scaling.png") in written
+    data = json.loads((report.out_dir / "comparison.json").read_text())
+    assert data["scaling"]["key"] == "norm" and len(data["scaling"]["fits"]) == 2
+    assert "## Scaling" in (report.out_dir / "comparison.md").read_text()
+
+
+def test_scaling_exponent_error_grows_with_scatter(tmp_path):
+    from archsweep.core.report.scaling import power_law
+
+    exact = [(c, 10 * c ** -0.1, "") for c in (1e10, 1e11, 1e12, 1e13)]
+    noisy = [(c, v * f, "") for (c, v, _), f in zip(exact, (1.1, 0.9, 1.1, 0.9), strict=True)]
+    b, se, a = power_law(exact)
+    assert b == pytest.approx(0.1) and se == pytest.approx(0, abs=1e-9) and a == pytest.approx(10)
+    assert power_law(noisy)[1] > 0.01
+    assert power_law(exact[:2])[1] is None and power_law(exact[:1]) == (None, None, None)
+
+
+def test_scaling_refuses_a_key_that_does_not_vary_or_runs_without_flops(tmp_path, sweep):
+    s = scaling_sweep(tmp_path, {"pre": 0.05})
+    with pytest.raises(CompareError, match="not a key that varies"):
+        compare([s], scaling="norm")
+    with pytest.raises(CompareError, match="no completed run has total_flops"):
+        compare([sweep], scaling="norm")
+
+
+def test_compare_table_shows_params_and_flops_side_by_side(tmp_path):
+    report = compare([scaling_sweep(tmp_path, {"pre": 0.05})])
+    assert {"params", "flops_per_token", "total_flops"} <= set(report.columns)
+    header = terminal(report).splitlines()[3]
+    assert header.index("params") < header.index("FLOPs/token") < header.index("total FLOPs")
+
+
+def test_loss_against_flops_plot_reads_the_logged_running_total(tmp_path):
+    from archsweep.core.report.plots import flops_curves
+
+    s = tmp_path / "s"
+    s.mkdir()
+    d = write_run(s / "0", ["norm=pre"], done(1.0, 0.0, 0.0, total_flops=3e9))
+    (d / "metrics.csv").write_text("epoch,step,train/loss,val/loss,train/flops\n0,9,1.5,,1e9\n0,9,,2.0,\n"
+                                   "0,19,,1.9,\n0,29,1.2,,3e9\n0,29,,1.8,\n")
+    (curve,) = flops_curves(compare([s]).cells[0])
+    assert sorted(curve.items()) == [(1e9, 2.0), (2e9, 1.9), (3e9, 1.8)]  # val steps placed at the FLOPs spent

@@ -22,11 +22,13 @@ from archsweep.core.report.cells import (
 from archsweep.core.report.plots import plot_by_context, plot_by_length, plot_loss, plot_loss_vs_flops
 from archsweep.core.report.render import COUNTS, Report, csv_text, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
+from archsweep.core.report.scaling import plot_scaling, scaling_fits
 
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
 FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          "loss": "comparison_val_loss.png", "length": "comparison_by_length.png",
-         "context": "comparison_by_context.png", "flops": "comparison_val_loss_vs_flops.png"}
+         "context": "comparison_by_context.png", "flops": "comparison_val_loss_vs_flops.png",
+         "scaling": "comparison_scaling.png"}
 LENGTH_METRICS = ("exact_match", "acc")  # the metrics results.json's by_length holds per length
 
 
@@ -108,11 +110,14 @@ def sort_within_tasks(cells: list, order: SortKey) -> list:
 
 
 def compare(sources: list[str | Path], out: str | Path | None = None, target: str | None = None,
-            sort: str | None = None, metrics: list[str] | None = None, group_by: str | None = None) -> Report:
+            sort: str | None = None, metrics: list[str] | None = None, group_by: str | None = None,
+            scaling: str | None = None, scaling_metric: str = "val/loss") -> Report:
     """Read the runs under `sources` and build the report (nothing written; see `write`). target: e.g.
     'val/exact_match>=0.9', None for that default when logged, 'none' for no target column. sort: a column,
     e.g. 'val/loss' (default) or 'test/acc:max'. metrics: final metrics to show instead of the default ones.
-    group_by: 'task' ranks the cells within each task (runs of several tasks are refused without it)."""
+    group_by: 'task' ranks the cells within each task (runs of several tasks are refused without it).
+    scaling: a varying key (e.g. norm) whose variants each get a power-law fit of `scaling_metric` against
+    training compute (core/report/scaling.py)."""
     paths = [Path(s) for s in sources]
     loaded = [load_run(d) for d in run_dirs(paths)]
     runs = [x for x in loaded if isinstance(x, Run)]
@@ -138,7 +143,9 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     notes += run_notes(runs, {c.label: c.runs for c in cells})
     out_dir = Path(out) if out is not None else paths[0]
     ordered = sort_within_tasks(cells, order) if group_by == "task" else sort_cells(cells, order)
-    return Report(paths, out_dir, keys, columns, ordered, tgt, order, skipped, notes, {})
+    fits = scaling_fits(cells, scaling, keys, scaling_metric) if scaling is not None else []
+    return Report(paths, out_dir, keys, columns, ordered, tgt, order, skipped, notes, {}, scaling, fits,
+                  scaling_metric)
 
 
 def write(report: Report, plots: bool = True, length_metric: str = "exact_match") -> list[Path]:
@@ -154,6 +161,9 @@ def write(report: Report, plots: bool = True, length_metric: str = "exact_match"
                 f"{length_metric} by sequence length": plot_by_length(report.cells, d / FILES["length"],
                                                                        length_metric),
                 "perplexity by evaluation context": plot_by_context(report.cells, d / FILES["context"])}
+        if report.scaling:
+            made["loss against compute"] = plot_scaling(report.scaling, report.scaling_key, report.scaling_metric,
+                                                        d / FILES["scaling"])
         report.plots = {title: path for title, path in made.items() if path is not None}
     texts = {FILES["md"]: markdown(report), FILES["csv"]: csv_text(report), FILES["json"]: json_text(report)}
     for name, text in texts.items():

@@ -8,12 +8,13 @@ import json
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from archsweep.core.report.cells import Cell, SortKey, Stat, Target
 from archsweep.core.report.runs import Run, Skipped
+from archsweep.core.report.scaling import Fit, fit_text
 
 # shown last, without a deviation: what each cell cost and what was held fixed (parameters, FLOPs)
 COUNTS = ("tokens_per_s", "mfu", "peak_memory_mib", "params", "flops_per_token", "total_flops")
@@ -36,6 +37,9 @@ class Report:
     skipped: list[Skipped]
     notes: list[str]  # warnings about runs that were used (metrics.csv unreadable, duplicate seeds)
     plots: dict[str, Path]  # title -> PNG written
+    scaling_key: str | None = None  # --scaling: the key whose variants get a power law of loss against compute
+    scaling: list[Fit] = field(default_factory=list)
+    scaling_metric: str = "val/loss"
 
     def runs(self, status: str) -> list[Run]:
         return [r for c in self.cells for r in c.of(status)]
@@ -149,8 +153,17 @@ def summary(report: Report) -> str:
     return "\n".join(lines)
 
 
+def scaling_lines(report: Report) -> list[str]:
+    if not report.scaling:
+        return []
+    return [f"Loss against compute, per {report.scaling_key} (power law through the best cell of each budget):",
+            *(f"  {report.scaling_key}={fit_text(f)}" for f in report.scaling)]
+
+
 def terminal(report: Report) -> str:
     out = [summary(report), "", text_table(report)]
+    if report.scaling:
+        out += ["", *scaling_lines(report)]
     for title, lines in run_lists(report, Path.cwd(), md=False):
         if lines:
             out += ["", f"{title}:", *(f"  {x}" for x in lines)]
@@ -163,6 +176,9 @@ def markdown(report: Report) -> str:
     sources = ", ".join(f"`{s}`" for s in report.sources)
     out = [f"# Comparison: {title}", "", f"Sweeps: {sources}.", "", summary(report).replace("\n", "\n\n"), "",
            markdown_table(report), ""]
+    if report.scaling:
+        lines = scaling_lines(report)
+        out += ["## Scaling", "", lines[0], "", *(f"- {x.strip()}" for x in lines[1:]), ""]
     out += [f"![{title}]({where(path, base)})\n" for title, path in report.plots.items()]
     for title, lines in run_lists(report, base, md=True):
         if lines:
@@ -201,7 +217,9 @@ def json_text(report: Report) -> str:
             "diverged": [{"run_dir": str(r.run_dir), **(r.results.get("diverged") or {})}
                          for r in report.runs("diverged")],
             "skipped": [{"run_dir": str(s.run_dir), "reason": s.reason} for s in report.skipped],
-            "notes": report.notes, "plots": {t: str(p) for t, p in report.plots.items()}}
+            "notes": report.notes, "plots": {t: str(p) for t, p in report.plots.items()},
+            "scaling": {"key": report.scaling_key, "fits": [vars(f) for f in report.scaling]} if report.scaling
+            else None}
     return json.dumps(strict(data), indent=2, allow_nan=False)
 
 

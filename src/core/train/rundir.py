@@ -46,6 +46,10 @@ if not OmegaConf.has_resolver("unique"):  # `${unique:}` in conf/train.yaml's hy
     OmegaConf.register_new_resolver("unique", _unique, use_cache=True)
 
 
+if not OmegaConf.has_resolver("mul"):  # `${mul:4,${model.d_model}}`: a size that follows another (presets)
+    OmegaConf.register_new_resolver("mul", lambda a, b: a * b)
+
+
 class DirectoryInUse(RuntimeError):
     """Another live process holds the directory's lock."""
 
