@@ -32,8 +32,9 @@ class Progress(L.Callback):
     """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step and
     per validation. Counts come from the batch's `n_tokens` (a Python int set on the CPU): no device sync."""
 
-    def __init__(self, start_time: float) -> None:
+    def __init__(self, start_time: float, val_keys: tuple[str, ...] = ("loss", "ppl", "acc", "exact_match")) -> None:
         self.start_time = start_time  # process start, for time to first step
+        self.val_keys = val_keys  # what the validation line shows (core/train/summary.py: what fits the task)
         self.first_step_s: float | None = None
         self.tokens = self.window_tokens = 0
         self.train_s = 0.0  # fit time without validation
@@ -88,7 +89,7 @@ class Progress(L.Callback):
         if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         m = trainer.callback_metrics
-        keys = [k for k in ("val/loss", "val/ppl", "val/acc", "val/exact_match") if k in m]
+        keys = [f"val/{k}" for k in self.val_keys if f"val/{k}" in m]
         names = {"exact_match": "teacher-forced exact match"}  # decoded exact match: the decoding line
         log.info(f"validation at step {trainer.global_step}: " + ", ".join(
             f"{names.get(k.split('/')[1], k.split('/')[1])} {float(m[k]):.4f}" for k in keys))

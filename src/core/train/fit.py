@@ -33,16 +33,16 @@ from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.callback_group import make_callbacks
 from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, StopOnSignal
+from archsweep.core.train.compute import Compute
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import DivergenceMonitor, diagnostic_callbacks
 from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
-from archsweep.core.train.compute import Compute
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup, write_json
-from archsweep.core.train.summary import summary_line
+from archsweep.core.train.summary import summary_line, validation_keys
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -221,7 +221,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     ckpt_cb = ModelCheckpoint(dirpath=str(info.run_dir / CKPT_DIR), filename="best", monitor="val/loss", mode="min",
                               save_top_k=1, save_last=True, auto_insert_metric_name=False,
                               enable_version_counter=False)
-    progress = Progress(start_time)
+    progress = Progress(start_time, validation_keys(setup.task))
     compute = Compute(cfg.trainer.get("peak_flops"), cache_dir(cfg.task.get("cache_dir")))
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)

@@ -27,6 +27,12 @@ def family(task: Any) -> str:
     return "synthetic"
 
 
+def validation_keys(task: Any) -> tuple[str, ...]:
+    """The validation metrics the console line shows: a language model's exact match over a window says nothing."""
+    return {"lm": ("loss", "ppl"), "classification": ("loss", "acc")}.get(family(task), ("loss", "ppl", "acc",
+                                                                                       "exact_match"))
+
+
 def chars_per_token(task: Any, split: str = "test", limit: int = 100_000) -> float | None:
     """Characters per token of the first `limit` tokens of `split` (None without a running text)."""
     stream = task.token_stream(split)
