@@ -2,6 +2,7 @@
 
     python bench/train_step.py            # full table (a few minutes on 2 CPU cores)
     python bench/train_step.py --quick    # fewer rounds
+    python bench/train_step.py --mfu-check model=decoder_only task=shakespeare_char   # train.py's MFU vs a bare loop
 
 Configuration (GPT sized down, as in nanoGPT's shakespeare_char): decoder-only, pre-norm, learned positions,
 GELU, 6 layers, d_model 384, 6 heads, d_ff 1536, context 256, batch 8, vocabulary 65, fp32, AdamW. One step is
@@ -132,6 +133,78 @@ def flops_per_token(model: nn.Module) -> float:
     return 6 * n + 12 * L * T * D
 
 
+def mfu_check(overrides: list[str], steps: int) -> None:
+    """The MFU train.py reports for a config against a bare loop (forward, loss, backward, clipping, AdamW; the
+    batches drawn beforehand) on the same model, batches and peak, in this process; then train.py itself for the
+    same steps. Both use the analytic count (archsweep.variants.flops); the 6 N + 12 L T D rule of thumb is
+    printed beside it."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from archsweep.core.data.paths import cache_dir
+    from archsweep.core.data.tasks.base import IGNORE_INDEX
+    from archsweep.core.data.tasks.forward import flop_shape
+    from archsweep.core.train.compute import peak_flops
+    from archsweep.core.train.job import build_task, model_config
+    from archsweep.core.train.optim import make_optimizer
+    from archsweep.variants.flops import TRAIN_FACTOR, forward_flops
+
+    root = Path(__file__).resolve().parents[1]
+    with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    task = build_task(cfg)
+    model_cfg = model_config(cfg, task)
+    model = build_model(model_cfg).train()
+    forward = task.forward_fn(model_cfg.kind)
+    stream = iter(task.dataloader("train", model_cfg.kind, cfg.seed))
+    batches = [next(stream) for _ in range(steps + 5)]
+    opt = make_optimizer(model, OmegaConf.to_container(cfg.optim, resolve=True))
+
+    def step(batch: dict) -> None:
+        opt.zero_grad(set_to_none=True)
+        logits = forward(model, batch)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for batch in batches[:5]:
+        step(batch)
+    start = time.perf_counter()
+    for batch in batches[5:]:
+        step(batch)
+    seconds = time.perf_counter() - start
+    flops = sum(TRAIN_FACTOR * forward_flops(model, flop_shape(b)) for b in batches[5:])
+    tokens = sum(b["n_tokens"] for b in batches[5:])
+    peak, source = peak_flops(torch.device("cpu"), str(cfg.trainer.precision), cfg.trainer.get("peak_flops"),
+                              cache_dir(cfg.task.get("cache_dir")))
+    shape = flop_shape(batches[5])
+    rule = 6 * (count_parameters(model) - model_cfg.vocab_size * model_cfg.d_model) + 12 * model_cfg.n_layers * \
+        shape.length * model_cfg.d_model
+    print(f"{' '.join(overrides)}: {count_parameters(model):,} parameters, {flops / tokens:,.0f} training FLOPs per "
+          f"token (6 N + 12 L T D: {rule:,.0f}); peak {peak / 1e9:,.1f} GFLOP/s ({source})")
+    bare = flops / seconds / peak
+    print(f"bare loop: {tokens / seconds:,.0f} tokens/s, MFU {100 * bare:.1f}%  ({steps} steps)")
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [*overrides, f"trainer.max_steps={steps}", "logger=csv", f"hydra.run.dir={tmp}/run",
+                f"output_root={tmp}"]
+        out = subprocess.run([sys.executable, str(root / "train.py"), *args], cwd=root, capture_output=True,
+                             text=True)
+        if out.returncode != 0:
+            print(out.stderr[-2000:])
+            raise SystemExit(f"train.py failed (exit {out.returncode})")
+        results = json.loads((Path(tmp) / "run" / "results.json").read_text())
+    print(f"train.py:  {results['tokens_per_s']:,.0f} tokens/s, MFU {100 * results['mfu']:.1f}%  "
+          f"(results.json; {steps} steps, validation excluded)")
+    print(f"train.py MFU / bare-loop MFU: {results['mfu'] / bare:.3f} (target: within 15%, 0.85 to 1.15)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -139,7 +212,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds of 1 step")
     parser.add_argument("--skip-pos", action="store_true", help="skip the positional-encoding table")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile'd copy of our model")
+    parser.add_argument("--mfu-check", nargs="*", metavar="OVERRIDE",
+                        help="compare train.py's MFU for these train.py overrides with a bare loop, then exit")
+    parser.add_argument("--mfu-steps", type=int, default=300, help="training steps of --mfu-check")
     args = parser.parse_args()
+    if args.mfu_check is not None:
+        mfu_check(args.mfu_check or ["model=decoder_only", "task=shakespeare_char"], args.mfu_steps)
+        return
     if args.quick:
         args.rounds, args.steps = 3, 1
     torch.manual_seed(0)
