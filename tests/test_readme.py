@@ -14,3 +14,19 @@ def test_readme_model_library_examples_run():
     assert blocks, "README.md's model library section has no python example"
     for block in blocks:
         exec(compile(block, str(README), "exec"), {})
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.replace("`", "").lower()).replace(" ", "-")
+
+
+def test_table_of_contents_links_to_headings_and_lists_every_top_level_section():
+    text = README.read_text()
+    toc = text.split("<!-- toc -->", 1)[1].split("<!-- /toc -->", 1)[0]
+    body = re.sub(r"```.*?```", "", text.split("<!-- /toc -->", 1)[1], flags=re.DOTALL)
+    headings = re.findall(r"^(##|###) (.+)$", body, flags=re.MULTILINE)
+    anchors = {anchor(title) for _, title in headings}
+    links = re.findall(r"\]\(#([^)]+)\)", toc)
+    assert links and not [a for a in links if a not in anchors]
+    assert {anchor(t) for level, t in headings if level == "##"} <= set(links)  # every section is listed
