@@ -110,19 +110,26 @@ def plot_scaling(fits: list[Fit], key: str, metric_key: str, path: Path) -> Path
         return None
     fig, ax = _axes(f"{metric_key} against training compute, per {key}", "training FLOPs (log scale)",
                     f"{metric_key} (log scale)")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for fit in fits:
+    ax.yaxis.set_major_formatter(ScalarFormatter())  # losses read as 2.4, not 2.4 x 10^0
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_locator(LogLocator(subs="all"))
+    colours = plt.get_cmap("tab10").colors
+    for i, fit in enumerate(fits):
+        colour = colours[i % len(colours)]
         xs, ys = [p[0] for p in fit.points], [p[1] for p in fit.points]
-        line = ax.plot(xs, ys, ls="none", marker="o", ms=4, alpha=0.35)[0]
-        colour = line.get_color()
+        ax.plot(xs, ys, ls="none", marker="o", ms=4, alpha=0.35, color=colour)
         fx, fy = [p[0] for p in fit.frontier], [p[1] for p in fit.frontier]
-        ax.plot(fx, fy, ls="none", marker="o", ms=7, color=colour)
+        ax.plot(fx, fy, ls="none", marker="o", ms=7, color=colour,
+                label=None if fit.exponent is not None else f"{key}={fit.variant}")
         if fit.exponent is not None:
             grid = np.geomspace(min(fx), max(fx), 50)
-            ax.plot(grid, fit.coefficient * grid ** -fit.exponent, color=colour, lw=1.5, label=f"{key}={fit_text(fit)}")
-        else:
-            line.set_label(f"{key}={fit.variant}")
+            ax.plot(grid, fit.coefficient * grid ** -fit.exponent, color=colour, ls="-", lw=1.5,
+                    label=f"{key}={fit_text(fit)}")
     ax.text(0.01, 0.01, "faint: every cell; solid: the best cell of each budget; lines: power-law fits",
             transform=ax.transAxes, fontsize="x-small", alpha=0.7)
     return _save(fig, ax, path)
