@@ -11,6 +11,7 @@ folder `$XDG_DATA_HOME/archsweep/data` (`~/.local/share/archsweep/data`), where
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -50,16 +51,16 @@ def cache_dir(explicit: str | os.PathLike | None = None) -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "archsweep"
 
 
-def locate(path: str | os.PathLike, data: str | os.PathLike | None, what: str, how: str) -> Path:
+def locate(path: str | os.PathLike, data: str | os.PathLike | None, what: str, how: str,
+           hint: Callable[[Path], str | None] | None = None) -> Path:
     """The existing file or folder `path` names (see the module docstring), or FileNotFoundError naming every
-    place tried and `how` to get the data."""
+    place tried, `hint(path)` (the fetch command of a built-in corpus: `archsweep.core.data.fetch.hint`) and `how`
+    to get the data."""
     given = Path(path).expanduser()
     tried = [given] if given.is_absolute() else [Path.cwd() / given, *(d / given for d in data_dirs(data))]
     for candidate in tried:
         if candidate.exists():
             return candidate
-    from archsweep.core.data.fetch import hint
-
-    fetch = hint(given)
+    fetch = hint(given) if hint is not None else None
     raise FileNotFoundError(f"{what}: {path} not found (tried {', '.join(map(str, tried))}). "
                             + (f"{fetch} " if fetch else "") + how)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from archsweep.core.data import cache, paths, read
+from archsweep.core.data import cache, fetch, paths, read
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.data.tokenizer import (
     MASK,
@@ -72,7 +72,7 @@ class TextTask(Task):
         self.name, self.block_size, self.batch_size, self.mask_prob = name, block_size, batch_size, mask_prob
         self.eval_seed = eval_seed
         self.n_batches = {"train": None, "val": val_batches, "test": test_batches}
-        source = paths.locate(path, data_dir, f"task.path={path}", GET_DATA)
+        source = paths.locate(path, data_dir, f"task.path={path}", GET_DATA, fetch.hint)
         files = read.text_files(source, f"task.path={path}", GET_DATA)
         settings = {"tokenizer": tokenizer, "bpe_vocab_size": bpe_vocab_size if tokenizer == "bpe" else None,
                     "val_fraction": val_fraction, "n_files": len(files)}

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from archsweep.core.data import cache, paths, read
+from archsweep.core.data import cache, fetch, paths, read
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.data.tasks.synthetic import check_positive, pad
 from archsweep.core.data.tokenizer import check_kind, load_tokenizer, train_tokenizer
@@ -33,7 +33,7 @@ def as_files(value: Any, split: str, data_dir: str | None) -> list[Path]:
     files = [value] if isinstance(value, str) else list(value)
     if len(files) not in (1, 2):
         raise ValueError(f"task.{split}={value!r} must be one tab-separated file or a list of two line-aligned files")
-    return [paths.locate(f, data_dir, f"task.{split}", HOW) for f in files]
+    return [paths.locate(f, data_dir, f"task.{split}", HOW, fetch.hint) for f in files]
 
 
 class TranslationTask(Task):
