@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import os
@@ -92,6 +93,7 @@ def validation_every(max_steps: int, interval: int) -> int:
 def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_dir: Path) -> L.Trainer:
     args = OmegaConf.to_container(cfg.trainer, resolve=True)
     args.pop("peak_flops", None)  # ours (MFU), not Lightning's
+    args["strategy"] = with_collective_timeout(args["strategy"], args.pop("collective_timeout_s", None))
     accumulate = args.get("accumulate_grad_batches", 1)
     every = validation_every(args["max_steps"], args["val_check_interval"])
     if every != args["val_check_interval"]:
@@ -100,6 +102,37 @@ def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_
     args["val_check_interval"] = every * accumulate
     return L.Trainer(**args, logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()],
                      default_root_dir=str(run_dir))
+
+
+class CollectiveTimeout(RuntimeError):
+    """A data-parallel collective did not complete in trainer.collective_timeout_s."""
+
+
+def with_collective_timeout(strategy: Any, seconds: float | None) -> Any:
+    """A `ddp*` strategy name -> that strategy with this timeout on its collectives (torch's default is 30
+    minutes, which looks like a hang); anything else unchanged."""
+    if not isinstance(strategy, str) or not strategy.startswith("ddp") or not seconds:
+        return strategy
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if strategy not in StrategyRegistry:
+        return strategy  # not a registered name: Lightning says so
+    entry = StrategyRegistry[strategy]  # {"strategy": class, "init_params": {...}}
+    return entry["strategy"](**entry["init_params"], timeout=datetime.timedelta(seconds=float(seconds)))
+
+
+def explain_collective_timeout(error: BaseException, cfg: DictConfig) -> BaseException:
+    """gloo's "Timed out waiting ... for recv" / NCCL's watchdog timeout, said in our terms."""
+    text = str(error)
+    if not str(cfg.trainer.get("strategy", "")).startswith("ddp") or not (
+            "Timed out" in text or "timed out" in text or "Watchdog caught collective operation timeout" in text):
+        return error
+    seconds = cfg.trainer.get("collective_timeout_s")
+    return CollectiveTimeout(
+        f"a collective across the data-parallel processes did not complete within trainer.collective_timeout_s="
+        f"{seconds} s: another process stopped, hung or fell behind (its log is train_ddp_process_<rank>.log in "
+        f"the run directory); if one step legitimately takes longer, raise trainer.collective_timeout_s "
+        f"(torch: {text.splitlines()[0][:200]})")
 
 
 def wandb_lines(loggers: list[Any]) -> list[str]:
@@ -179,6 +212,11 @@ def train(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> di
     env = {k: os.environ.get(k) for k in DDP_ENV}
     try:
         return fit_and_test(cfg, setup, info, start_time)
+    except RuntimeError as error:
+        explained = explain_collective_timeout(error, cfg)
+        if explained is error:
+            raise
+        raise explained from error
     finally:
         # Lightning leaves its process group and environment (LOCAL_RANK, MASTER_PORT, ...) behind; the next job
         # of a sweep would take them for an external launcher's and never start its own workers.
