@@ -119,6 +119,9 @@ def test_short_runs_validate_several_times_ending_at_the_last_step():
 
     assert validation_every(3000, 500) == 500
     assert validation_every(20, 500) == 5 and validation_every(300, 500) == 75 and validation_every(7, 500) == 1
-    for steps in range(1, 200):
-        every = validation_every(steps, 500)
-        assert steps % every == 0 and (steps // every >= 4 or every == 1)
+    assert validation_every(4637, 10**6) == 580  # prime: 8 evenly spaced validations, not 4,637
+    for steps in range(1, 5000):
+        every = validation_every(steps, 10**6)
+        count = steps // every
+        assert count <= 20 and (count >= 4 or every == 1)
+        assert steps % every == 0 or 4 <= count <= 8

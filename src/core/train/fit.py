@@ -84,10 +84,13 @@ def sweep_job_for_ddp(info: RunInfo) -> None:
 
 def validation_every(max_steps: int, interval: int) -> int:
     """Steps between validations: `interval`, or in a run shorter than it (a short sweep) the largest divisor of
-    max_steps that gives at least four validations, the last at the final step, so loss curves are curves."""
+    max_steps that gives 4 to 20 validations, the last at the final step, so loss curves are curves; where no
+    divisor does (max_steps prime, say, as a FLOP budget can make it), 8 evenly spaced ones (the final evaluation
+    still reads the validation split)."""
     if max_steps >= interval:
         return interval
-    return max(d for d in range(1, max(max_steps // 4, 1) + 1) if max_steps % d == 0)
+    fitting = [d for d in range(1, max_steps // 4 + 1) if max_steps % d == 0 and max_steps // d <= 20]
+    return max(fitting) if fitting else max(1, -(-max_steps // 8))
 
 
 def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_dir: Path) -> L.Trainer:
