@@ -51,7 +51,11 @@ _extra_config_folders()
 def _train(cfg: DictConfig) -> float:
     from archsweep.core.train.job import run_job
 
-    return run_job(cfg, START)
+    global START
+    try:
+        return run_job(cfg, START)
+    finally:  # a sweep's next job in this process counts its times from its own start, not the process's
+        START = time.time()
 
 
 def _checkpoint_entry(name: str):
