@@ -195,3 +195,46 @@ def test_an_interrupted_sweep_cell_resumes_with_its_whole_history(tmp_path):
     assert "resuming the interrupted run from" in out
     assert train_losses(sweep_dir / "0") == train_losses(reference)
     assert results(sweep_dir / "0")["val"] == results(reference)["val"]
+
+
+def test_a_submitit_job_signalled_as_slurm_does_is_interrupted_then_resumed_by_the_rerun(tmp_path):
+    """SLURM sends SIGTERM to the job's own process before a time-out; with the submitit launcher that process is
+    not the launcher's. The cell records `interrupted`, and re-running the sweep (a requeue) resumes it exactly."""
+    reference = tmp_path / "reference"
+    code, out = train(tmp_path, *LONG, f"hydra.run.dir={reference}")
+    assert code == 0, out[-3000:]
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *LONG, "seed=0", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep_dir}",
+            "+callbacks.slow._target_=slowdown.Slow"]
+    proc = launch(tmp_path, *args)
+    cell, deadline = sweep_dir / "0", time.time() + 180
+    while not ((cell / "train.log").is_file() and "step 24/40" in (cell / "train.log").read_text()):
+        assert proc.poll() is None and time.time() < deadline, "the cell never reached step 24"
+        time.sleep(0.05)
+    job_pid = int((cell / ".lock").read_text().split()[0])  # the submitit job's process holds the cell's lock
+    assert job_pid != proc.pid
+    os.kill(job_pid, signal.SIGTERM)
+    code, out = finish(proc)
+    res = results(cell)
+    assert res["status"] == "interrupted" and res["interrupted"]["signal"] == "SIGTERM", out[-3000:]
+    assert 24 <= res["interrupted"]["step"] < 40 and (cell / "checkpoints" / "last.ckpt").is_file()
+    assert code != 0  # the launcher does not report the interrupted sweep as a success
+    code, out = train(tmp_path, *args[:-1], "+callbacks.slow._target_=slowdown.Slow")
+    assert code == 0, out[-3000:]
+    assert results(cell)["status"] == "completed" and results(cell)["steps"] == 40
+    assert train_losses(cell) == train_losses(reference)
+
+
+def test_a_data_parallel_run_signalled_stops_interrupted_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu"]
+    proc = launch(tmp_path, *LONG, *ddp, f"hydra.run.dir={run_dir}", "+callbacks.slow._target_=slowdown.Slow")
+    signal_when(proc, run_dir / "train.log", "step 14/40", signal.SIGTERM, timeout=180)
+    code, out = finish(proc)
+    assert code != 0, out[-3000:]
+    res = results(run_dir)
+    assert res["status"] == "interrupted" and res["interrupted"]["signal"] == "SIGTERM", out[-3000:]
+    assert res["last_checkpoint"] and Path(res["last_checkpoint"]).is_file()
+    code, out = train(tmp_path, *LONG, *ddp, f"hydra.run.dir={run_dir}", f"ckpt_path={run_dir}")
+    assert code == 0, out[-3000:]
+    assert results(run_dir)["status"] == "completed" and results(run_dir)["steps"] == 40
