@@ -176,6 +176,7 @@ def test_a_signal_stops_with_a_checkpoint_and_resumes_exactly_in_place(tmp_path,
     assert train_losses(run_dir) == train_losses(reference)  # every step once, the same losses bit for bit
     assert [r["step"] for r in rows(run_dir)] == [r["step"] for r in rows(reference)]
     assert resumed["val"] == results(reference)["val"]
+    assert resumed["total_flops"] == results(reference)["total_flops"]  # the running FLOP total survives the resume
 
 
 def test_an_interrupted_sweep_cell_resumes_with_its_whole_history(tmp_path):
