@@ -1,16 +1,20 @@
-"""Training-step throughput of our decoder-only model against peers, measured in one process, interleaved.
+"""Training-step throughput of our models against peers, measured in one process, interleaved.
 
-    python bench/train_step.py            # full table (a few minutes on 2 CPU cores)
+    python bench/train_step.py            # full table (several minutes on 2 CPU cores, compile included)
     python bench/train_step.py --quick    # fewer rounds
+    python bench/train_step.py --no-compile --skip-pos --skip-encdec   # the decoder-only eager table only
     python bench/train_step.py --mfu-check model=decoder_only task=shakespeare_char   # train.py's MFU vs a bare loop
 
 Configuration (GPT sized down, as in nanoGPT's shakespeare_char): decoder-only, pre-norm, learned positions,
 GELU, 6 layers, d_model 384, 6 heads, d_ff 1536, context 256, batch 8, vocabulary 65, fp32, AdamW. One step is
-forward + cross-entropy + backward + AdamW step. Peers (optional `bench` extra): a model built from
-torch.nn.TransformerEncoderLayer, Hugging Face GPT-2 with SDPA, x-transformers. Rounds interleave the models so
-machine load affects all alike; the table gives the median over rounds.
+forward + cross-entropy + backward + AdamW step. The guard is `ReferenceGPT`, written below the way the leanest
+single-file GPTs write it (one fused q/k/v projection, `is_causal=True` SDPA, no biases, tied head, pre-norm,
+learned positions, GELU): our model built with the same choices (`bias=false`, `norm_bias=false`) must reach
+>= 1.00x its tokens/s. Other peers (optional `bench` extra): a model from torch.nn.TransformerEncoderLayer, Hugging
+Face GPT-2 with SDPA, x-transformers; `torch.compile`d copies of ours and of the reference (their compile time is
+the warm-up, printed). The encoder-decoder kind is measured against torch.nn.Transformer (3 + 3 layers, source and
+target 128 tokens). Rounds interleave the models so machine load affects all alike; tables give the median.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -27,10 +31,74 @@ from archsweep.core.model.build import ModelConfig, build_model, count_parameter
 V, D, H, L, FF, T, B = 65, 384, 6, 6, 1536, 256, 8
 
 
-def ours(pos: str = "learned") -> nn.Module:
-    return build_model(ModelConfig(kind="decoder_only", vocab_size=V, d_model=D, n_heads=H, n_layers=L, d_ff=FF,
-                                   max_seq_len=T, dropout=0.0, norm="pre", pos=pos, ffn="gelu",
-                                   scale_embedding=False, init="gpt2"))
+def ours(pos: str = "learned", bias: bool = True, sizes: tuple[int, ...] = (V, D, H, L, FF, T)) -> nn.Module:
+    v, d, h, n, ff, t = sizes
+    return build_model(ModelConfig(kind="decoder_only", vocab_size=v, d_model=d, n_heads=h, n_layers=n, d_ff=ff,
+                                   max_seq_len=t, dropout=0.0, norm="pre", pos=pos, ffn="gelu", bias=bias,
+                                   norm_bias=bias, scale_embedding=False, init="gpt2"))
+
+
+class ReferenceBlock(nn.Module):
+    def __init__(self, d: int, h: int, ff: int) -> None:
+        super().__init__()
+        self.n_heads = h
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.c_fc, self.mlp_proj = nn.Linear(d, ff, bias=False), nn.Linear(ff, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Dh)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class ReferenceGPT(nn.Module):
+    """The leanest GPT, written here: fused q/k/v, is_causal SDPA, no biases, tied head, pre-norm, learned
+    positions, GELU (nanoGPT's model.py with bias=False and dropout 0, without its generation code)."""
+
+    def __init__(self, vocab: int = V, d: int = D, h: int = H, n_layers: int = L, ff: int = FF, t: int = T) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(t, d)
+        self.blocks = nn.ModuleList(ReferenceBlock(d, h, ff) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d, bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, D)
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)  # tied head
+
+
+ED_LAYERS, ED_LEN = 3, 128  # encoder-decoder comparison: 3 + 3 layers, source and target of 128 tokens
+
+
+def ours_encdec() -> nn.Module:
+    return build_model(ModelConfig(kind="encoder_decoder", vocab_size=V, d_model=D, n_heads=H, n_layers=ED_LAYERS,
+                                   d_ff=FF, max_seq_len=ED_LEN, dropout=0.0, norm="post", pos="learned",
+                                   ffn="relu", scale_embedding=False))
+
+
+class TorchTransformer(nn.Module):
+    """torch.nn.Transformer (post-norm, ReLU, biases) with the same embeddings, learned positions and tied head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.src_emb, self.tgt_emb = nn.Embedding(V, D), nn.Embedding(V, D)
+        self.src_pos, self.tgt_pos = nn.Embedding(ED_LEN, D), nn.Embedding(ED_LEN, D)
+        self.core = nn.Transformer(D, H, ED_LAYERS, ED_LAYERS, FF, dropout=0.0, batch_first=True)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(ED_LEN), persistent=False)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ED_LEN, device=src.device)
+        h = self.core(self.src_emb(src) + self.src_pos(positions), self.tgt_emb(tgt) + self.tgt_pos(positions),
+                      tgt_mask=self.causal, tgt_is_causal=True)
+        return F.linear(h, self.tgt_emb.weight)
 
 
 class TorchNNModel(nn.Module):
@@ -80,13 +148,13 @@ class Logits(nn.Module):
         return self.model(x).logits
 
 
-def make_step(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+def make_step(model: nn.Module) -> Callable[[tuple[torch.Tensor, ...], torch.Tensor], None]:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+    def step(inputs: tuple[torch.Tensor, ...], y: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x).view(-1, V), y.view(-1))
+        loss = F.cross_entropy(model(*inputs).view(-1, V), y.view(-1))
         loss.backward()
         opt.step()
 
@@ -105,14 +173,25 @@ def matmul_gflops(seconds: float = 2.0) -> float:
     return 2 * B * T * D * FF * n / (time.perf_counter() - start) / 1e9
 
 
-def measure(models: dict[str, nn.Module], rounds: int, steps: int) -> dict[str, float]:
-    """Median tokens/s per model over interleaved rounds of `steps` training steps each."""
+def measure(models: dict[str, nn.Module], rounds: int, steps: int, encdec: bool = False,
+            warmup: dict[str, float] | None = None) -> dict[str, float]:
+    """Median tokens/s per model over interleaved rounds of `steps` training steps each (target tokens count).
+    `warmup`, when given, receives each model's seconds for its 3 warm-up steps (compilation, for compiled ones)."""
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+    if encdec:
+        src, tgt, y = (torch.randint(0, V, (B, ED_LEN), generator=g) for _ in range(3))
+        inputs: tuple[torch.Tensor, ...] = (src, tgt)
+    else:
+        x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+        inputs = (x,)
+    tokens = y.numel()
     stepper = {name: make_step(m) for name, m in models.items()}
-    for step in stepper.values():  # warm-up: allocator, kernels, optimizer state
-        for _ in range(2):
-            step(x, y)
+    for name, step in stepper.items():  # warm-up: allocator, kernels, optimizer state, compilation
+        start = time.perf_counter()
+        for _ in range(3):
+            step(inputs, y)
+        if warmup is not None:
+            warmup[name] = time.perf_counter() - start
     rates: dict[str, list[float]] = {name: [] for name in models}
     for r in range(rounds):
         order = list(stepper.items())
@@ -121,8 +200,8 @@ def measure(models: dict[str, nn.Module], rounds: int, steps: int) -> dict[str, 
         for name, step in order:
             start = time.perf_counter()
             for _ in range(steps):
-                step(x, y)
-            rates[name].append(B * T * steps / (time.perf_counter() - start))
+                step(inputs, y)
+            rates[name].append(tokens * steps / (time.perf_counter() - start))
         print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in models), flush=True)
     return {name: statistics.median(values) for name, values in rates.items()}
 
@@ -207,11 +286,13 @@ def mfu_check(overrides: list[str], steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2, help="training steps per model per round")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 1 step")
     parser.add_argument("--skip-pos", action="store_true", help="skip the positional-encoding table")
-    parser.add_argument("--compile", action="store_true", help="add a torch.compile'd copy of our model")
+    parser.add_argument("--skip-encdec", action="store_true", help="skip encoder-decoder vs torch.nn.Transformer")
+    parser.add_argument("--skip-peers", action="store_true", help="skip torch.nn, HF GPT-2 and x-transformers")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd copies")
     parser.add_argument("--mfu-check", nargs="*", metavar="OVERRIDE",
                         help="compare train.py's MFU for these train.py overrides with a bare loop, then exit")
     parser.add_argument("--mfu-steps", type=int, default=300, help="training steps of --mfu-check")
@@ -225,35 +306,64 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={B} T={T} D={D} H={H} L={L} FF={FF} V={V}")
     peak = matmul_gflops()
     print(f"fp32 matmul rate ({B * T}x{D} @ {D}x{FF}): {peak:,.1f} GFLOP/s\n")
+    decoder_table(args, peak)
+    if not args.skip_encdec:
+        encdec_table(args)
+    if not args.skip_pos:
+        pos_table(args)
 
-    models: dict[str, nn.Module] = {"archsweep": ours(), "torch.nn": TorchNNModel()}
-    if args.compile:
-        models["archsweep+compile"] = torch.compile(ours())  # compiled during warm-up (about 30 s on 2 cores)
-    for name, factory in (("hf-gpt2-sdpa", hf_gpt2), ("x-transformers", x_transformers)):
-        model = factory()
-        if model is None:
-            print(f"({name} not installed: pip install -e '.[bench]')")
-        else:
-            models[name] = model
-    print("Training step throughput (interleaved rounds):")
-    rates = measure(models, args.rounds, args.steps)
-    fastest_peer = max(r for n, r in rates.items() if not n.startswith("archsweep"))
-    print(f"\n{'model':<16}{'params':>12}{'tokens/s':>12}{'ms/step':>10}{'GFLOP/s':>10}{'% matmul':>10}"
-          f"{'ours / it':>11}")
+
+def decoder_table(args: argparse.Namespace, peak: float) -> None:
+    models: dict[str, nn.Module] = {"archsweep bias=true": ours(bias=True), "archsweep bias=false": ours(bias=False),
+                                    "reference-gpt": ReferenceGPT()}
+    if not args.no_compile:  # compiled during warm-up (a minute or more on 2 cores)
+        models["archsweep compile"] = torch.compile(ours(bias=False))
+        models["reference compile"] = torch.compile(ReferenceGPT())
+    if not args.skip_peers:
+        models["torch.nn"] = TorchNNModel()
+        for name, factory in (("hf-gpt2-sdpa", hf_gpt2), ("x-transformers", x_transformers)):
+            model = factory()
+            if model is None:
+                print(f"({name} not installed: pip install -e '.[bench]')")
+            else:
+                models[name] = model
+    print("Decoder-only training step throughput (interleaved rounds):")
+    warmup: dict[str, float] = {}
+    rates = measure(models, args.rounds, args.steps, warmup=warmup)
+    ours_rate = rates["archsweep bias=false"]
+    print(f"\n{'model':<22}{'params':>12}{'tokens/s':>11}{'ms/step':>9}{'GFLOP/s':>9}{'% matmul':>10}"
+          f"{'bias=false / it':>17}{'warm-up s':>11}")
     for name, rate in rates.items():
         gflops = rate * flops_per_token(models[name]) / 1e9
-        print(f"{name:<16}{count_parameters(models[name]):>12,}{rate:>12,.0f}{B * T / rate * 1e3:>10.1f}"
-              f"{gflops:>10.1f}{100 * gflops / peak:>9.0f}%{rates['archsweep'] / rate:>11.3f}")
-    print(f"\nours / fastest peer: {rates['archsweep'] / fastest_peer:.3f} (target >= 1.05)")
+        print(f"{name:<22}{count_parameters(models[name]):>12,}{rate:>11,.0f}{B * T / rate * 1e3:>9.1f}"
+              f"{gflops:>9.1f}{100 * gflops / peak:>9.0f}%{ours_rate / rate:>17.3f}{warmup[name]:>11.1f}")
+    print(f"\nours (bias=false) / reference-gpt: {ours_rate / rates['reference-gpt']:.3f} (target >= 1.00)")
+    if "archsweep compile" in rates:
+        print(f"compile / eager (ours, bias=false): {rates['archsweep compile'] / ours_rate:.3f} (aim >= 1.1); "
+              f"reference: {rates['reference compile'] / rates['reference-gpt']:.3f}; compile time = warm-up "
+              f"{warmup['archsweep compile']:.0f} s (ours), {warmup['reference compile']:.0f} s (reference)")
 
-    if not args.skip_pos:
-        encodings = ["learned", "sinusoidal", "relative", "rotary", "alibi", "none"]
-        print("\nPositional encodings (ours), interleaved:")
-        pos_rates = measure({p: ours(p) for p in encodings}, args.rounds, args.steps)
-        print(f"\n{'pos':<12}{'tokens/s':>12}{'ms/step':>10}{'time vs learned':>17}")
-        for pos, rate in pos_rates.items():
-            print(f"{pos:<12}{rate:>12,.0f}{B * T / rate * 1e3:>10.1f}{pos_rates['learned'] / rate:>16.3f}x")
-        print("target: relative and alibi within 1.3x of learned")
+
+def encdec_table(args: argparse.Namespace) -> None:
+    print(f"\nEncoder-decoder ({ED_LAYERS} + {ED_LAYERS} layers, source and target {ED_LEN} tokens, post-norm, ReLU, "
+          f"biases) vs torch.nn.Transformer, interleaved:")
+    models = {"archsweep enc-dec": ours_encdec(), "torch.nn.Transformer": TorchTransformer()}
+    rates = measure(models, args.rounds, args.steps, encdec=True)
+    print(f"\n{'model':<22}{'params':>12}{'tokens/s':>11}{'ms/step':>9}")
+    for name, rate in rates.items():
+        print(f"{name:<22}{count_parameters(models[name]):>12,}{rate:>11,.0f}{B * ED_LEN / rate * 1e3:>9.1f}")
+    print(f"ours / torch.nn.Transformer: {rates['archsweep enc-dec'] / rates['torch.nn.Transformer']:.3f} "
+          f"(target >= 1.00)")
+
+
+def pos_table(args: argparse.Namespace) -> None:
+    encodings = ["learned", "sinusoidal", "relative", "rotary", "alibi", "none"]
+    print("\nPositional encodings (ours), interleaved:")
+    pos_rates = measure({p: ours(p) for p in encodings}, args.rounds, args.steps)
+    print(f"\n{'pos':<12}{'tokens/s':>12}{'ms/step':>10}{'time vs learned':>17}")
+    for pos, rate in pos_rates.items():
+        print(f"{pos:<12}{rate:>12,.0f}{B * T / rate * 1e3:>10.1f}{pos_rates['learned'] / rate:>16.3f}x")
+    print("target: relative and alibi within 1.3x of learned")
 
 
 if __name__ == "__main__":

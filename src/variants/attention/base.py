@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archsweep.variants.cache import KVCache
+from archsweep.variants.dropout import apply_dropout
 
 
 @dataclass
@@ -110,12 +111,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     """Softmax attention. q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh).
 
     With `record` (a list) the probabilities are computed explicitly and appended to it; the outputs equal SDPA's.
+    Dropout on the CPU takes the explicit path too (see `cpu_dropout`); on a GPU it stays fused in SDPA.
     `softcap` c caps the scores to c * tanh(scores / c) before masking (explicit path: SDPA has no such hook).
     """
     k, v = repeat_kv(q, k, v)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    if record is None and softcap is None:
+    if record is None and softcap is None and (dropout == 0.0 or not cpu_dropout(q)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     if softcap is not None:
@@ -127,7 +129,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     probs = scores.softmax(dim=-1)
     if record is not None:
         record.append(probs.detach())
-    return F.dropout(probs, dropout, training=dropout > 0) @ v
+    return apply_dropout(probs, dropout, dropout > 0) @ v
+
+
+def cpu_dropout(q: Tensor) -> bool:
+    """Attention dropout on the CPU: SDPA's math path draws one Bernoulli sample per probability, so the
+    explicit path with the package's cheaper mask is used; elsewhere SDPA fuses dropout_p into its kernel."""
+    return q.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 class AttentionKernel(nn.Module):

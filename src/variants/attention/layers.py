@@ -33,6 +33,7 @@ class Attention(nn.Module):
         # QK-norm (Dehghani et al. 2023; OLMo-2): queries and keys normalised per head over Dh, after rotary
         self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
         self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
+        self.qk_norm = qk_norm is not None  # off: no Identity calls (a module call is measurable when decoding)
         self.record: list[Tensor] | None = None  # set by capture_attention
 
     def split_heads(self, x: Tensor, heads: int) -> Tensor:
@@ -71,7 +72,8 @@ class SelfAttention(Attention):
         qkv = self.split_heads(self.qkv_proj(x), self.n_heads + 2 * self.n_kv_heads)  # (B, H + 2 Hkv, T, Dh)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = ctx.rotate_qk(q, k, ctx.positions)
-        q, k = self.q_norm(q), self.k_norm(k)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.value_residual is not None:
             v = self.mix_values(v, ctx)
         return self.merge_heads(self.kernel(q, k, v, ctx, self.p_drop(), self.record))
@@ -101,7 +103,8 @@ class CrossAttention(Attention):
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=bias)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
-        q = self.q_norm(self.split_heads(self.q_proj(x), self.n_heads))
+        q = self.split_heads(self.q_proj(x), self.n_heads)
+        q = self.q_norm(q) if self.qk_norm else q
         if cache is not None and self.layer in cache.cross:
             k, v = cache.cross[self.layer]
         else:

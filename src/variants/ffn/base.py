@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from archsweep.variants.dropout import apply_dropout
 
 
 def gated_hidden_size(d_ff: int) -> int:
@@ -38,7 +39,7 @@ class FFNBase(nn.Module):
         return True
 
     def hidden_dropout(self, hidden: Tensor) -> Tensor:
-        return F.dropout(hidden, self.p, self.training) if self.p > 0 else hidden
+        return apply_dropout(hidden, self.p, self.training)
 
 
 class FeedForward(FFNBase):

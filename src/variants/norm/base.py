@@ -12,17 +12,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor, nn
 
+from archsweep.variants.dropout import apply_dropout
 from archsweep.variants.norm import NORM_TYPES
 
 NormFactory = Callable[[], nn.Module]
 Sublayer = Callable[[Tensor], Tensor]
 Branch = tuple["Residual", Sublayer]  # a sublayer of a block and the wrapper of its residual
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm calling the op directly: F.layer_norm's Python checks are a measurable share of a decoding step."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
 NORM_MODULES: dict[str, Callable[[int, float, bool], nn.Module]] = {
-    "layernorm": lambda d, eps, bias: nn.LayerNorm(d, eps=eps, bias=bias),
+    "layernorm": lambda d, eps, bias: LayerNorm(d, eps=eps, bias=bias),
     "rmsnorm": lambda d, eps, bias: nn.RMSNorm(d, eps=eps),  # no bias in any case
 }
 
@@ -52,7 +60,7 @@ class Residual(nn.Module):
 
     def dropout(self, x: Tensor) -> Tensor:
         # functional, and skipped at p = 0: a module call per sublayer is measurable overhead when decoding
-        return F.dropout(x, self.p, self.training) if self.p > 0 else x
+        return apply_dropout(x, self.p, self.training)
 
     def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
         raise NotImplementedError

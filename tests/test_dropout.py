@@ -1,0 +1,64 @@
+"""The CPU dropout mask (archsweep.variants.dropout): drop rate p, kept elements scaled by 1 / (1 - p), gradients
+through the same mask, no work at p = 0 or in eval, repeatable from a seed; and attention dropout on the CPU."""
+
+import pytest
+import torch
+
+from archsweep.variants.attention.base import attend
+from archsweep.variants.dropout import apply_dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_drop_rate_and_scaling(p):
+    torch.manual_seed(0)
+    x = torch.rand(1000, 1000) + 0.5  # no zeros of its own
+    y = apply_dropout(x, p, True)
+    dropped = y == 0
+    # 10^6 Bernoulli(p) trials: the standard error of the rate is below 5e-4
+    assert abs(dropped.float().mean().item() - p) < 3e-3
+    torch.testing.assert_close(y[~dropped], x[~dropped] / (1 - p))
+    assert abs(y.mean().item() / x.mean().item() - 1) < 3e-3  # unbiased in expectation
+
+
+def test_odd_sizes_and_dtypes():
+    for shape in [(1,), (3, 5), (7, 3, 2)]:
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            x = torch.ones(shape, dtype=dtype)
+            y = apply_dropout(x, 0.5, True)
+            assert y.shape == x.shape and y.dtype == dtype
+            assert set(y.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_gradient_uses_the_same_mask():
+    torch.manual_seed(1)
+    x = torch.randn(64, 32, requires_grad=True)
+    y = apply_dropout(x, 0.2, True)
+    y.sum().backward()
+    kept = y.detach() != 0
+    torch.testing.assert_close(x.grad, kept.float() / 0.8)
+
+
+def test_no_work_when_off_and_seeded_repeat():
+    x = torch.randn(10, 10)
+    assert apply_dropout(x, 0.0, True) is x
+    assert apply_dropout(x, 0.5, False) is x
+    torch.manual_seed(3)
+    a = apply_dropout(x, 0.5, True)
+    torch.manual_seed(3)
+    torch.testing.assert_close(apply_dropout(x, 0.5, True), a)
+
+
+def test_attention_dropout_on_cpu():
+    """Attention dropout drops probabilities (rows no longer sum to one, but do in expectation); at p = 0 the
+    output equals SDPA's."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    v = torch.ones(2, 4, 16, 8)  # output = sum of a row's kept, scaled probabilities
+    exact = attend(q, k, v, None, True, 0.0, None)
+    torch.testing.assert_close(exact, torch.ones_like(exact))
+    row_sums = torch.stack([attend(q, k, v, None, True, 0.25, None)[..., 0] for _ in range(400)])
+    assert (row_sums != 1).any()
+    assert abs(row_sums.mean().item() - 1) < 0.02
+    v = torch.randn(2, 4, 16, 8)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attend(q, k, v, None, True, 0.0, None), sdpa)
