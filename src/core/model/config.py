@@ -86,7 +86,7 @@ class ModelConfig:
     attn_softcap: float | None = None  # attention scores -> c tanh(scores / c) (Gemma 2); needs a score matrix
     logit_softcap: float | None = None  # output logits -> c tanh(logits / c) (Gemma 2)
     z_loss: float = 0.0  # weight of the auxiliary loss log(Z)^2 of the output softmax (PaLM: 1e-4)
-    value_residual: str | None = None  # fixed | learnable: v_n <- lambda1 v_n + lambda2 v_1 (ResFormer, Zhou et al. 2024)
+    value_residual: str | None = None  # fixed | learnable: v_n <- l1 v_n + l2 v_1 (ResFormer, Zhou et al. 2024)
     value_residual_lambda: float = 0.5  # lambda2 (lambda1 = 1 - lambda2): fixed, or the learnable ones' start
 
     @property
