@@ -13,6 +13,7 @@ from archsweep.variants.attention.base import AttnContext
 from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import TokenEmbedding
+from archsweep.variants.flops import Shape, children_flops
 from archsweep.variants.norm.base import Branch, Residual
 from archsweep.variants.pos.base import PositionalEncoding
 
@@ -86,6 +87,10 @@ class Stack(nn.Module):
         if cache is not None:
             cache.advance(t)
         return self.final_norm(x)
+
+    def flops(self, shape: Shape) -> float:
+        """Its blocks (and the encoding's products) over `shape`, masked as this stack masks."""
+        return children_flops(self, shape.replace(causal=self.causal))
 
     def _check_lengths(self, tokens: Tensor, pad_mask: Tensor | None, start: int) -> None:
         total = start + tokens.shape[1]
