@@ -287,9 +287,11 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     checked = check_training(cfg)  # before the model: its variants import torch, these settings need not
     model_cfg = model_config(cfg, task)
     if cfg.get("budget") is not None:
+        steps = cfg.trainer.max_steps
         apply_budget(cfg, model_cfg, task)
-        try:  # the schedule against the steps the budget gives
-            check_warmup(cfg.schedule, cfg.trainer.max_steps)
+        try:  # the schedule against the steps the budget gives (its warning was given already if they are the same)
+            if cfg.trainer.max_steps != steps:
+                check_warmup(cfg.schedule, cfg.trainer.max_steps)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         if cfg.schedule.name == "cosine" and cfg.schedule.total_steps <= cfg.schedule.warmup_steps:
