@@ -143,14 +143,17 @@ def test_adamw_skips_decay_on_norms_biases_and_embeddings():
 
 @pytest.mark.parametrize("choice", options("trainer"))
 def test_trainer_option_makes_a_trainer(choice, tmp_path):
+    from archsweep.core.train.fit import make_trainer
+
     cfg = compose_train(choice)
-    args = OmegaConf.to_container(cfg.trainer, resolve=True)
-    if args["accelerator"] == "gpu" and not torch.cuda.is_available():
+    if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    if args["strategy"] == "ddp":
-        args["accelerator"] = "cpu"  # builds the strategy (gloo) without launching processes
-    trainer = L.Trainer(**args, logger=False, default_root_dir=str(tmp_path))
+    if cfg.trainer.strategy == "ddp":
+        cfg.trainer.accelerator = "cpu"  # builds the strategy (gloo) without launching processes
+    trainer = make_trainer(cfg, [], [], tmp_path)  # as train.py does: our keys (peak_flops, ...) taken out first
     assert trainer.max_steps == cfg.trainer.max_steps
+    if cfg.trainer.strategy == "ddp":
+        assert trainer.strategy._timeout.total_seconds() == cfg.trainer.collective_timeout_s
 
 
 @pytest.mark.parametrize("choice", options("logger"))
