@@ -67,6 +67,7 @@ def test_library_noise_is_dropped():
     keep = DropNoise()
     assert not keep.filter(record("💡 Tip: For seamless cloud logging ..."))
     assert not keep.filter(record("TPU available: False, using: 0 TPU cores"))
+    assert not keep.filter(record("`weights_only` was not set, defaulting to `False`."))
     assert keep.filter(record("GPU available: False, used: False"))
 
 

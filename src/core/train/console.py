@@ -20,6 +20,7 @@ DROPPED = (
     "💡 Tip:",  # Lightning's advertisements
     "TPU available:", "HPU available:", "IPU available:",
     "Restoring states from the checkpoint path", "Loaded model weights from the checkpoint",  # fit.py says which
+    "`weights_only` was not set",  # Lightning loading train.py's own checkpoint for the final evaluation
 )
 # Python warnings about the libraries' internals, not about anything the user set
 QUIET_WARNINGS = (
