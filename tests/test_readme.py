@@ -29,4 +29,6 @@ def test_table_of_contents_links_to_headings_and_lists_every_top_level_section()
     anchors = {anchor(title) for _, title in headings}
     links = re.findall(r"\]\(#([^)]+)\)", toc)
     assert links and not [a for a in links if a not in anchors]
-    assert {anchor(t) for level, t in headings if level == "##"} <= set(links)  # every section is listed
+    missing = [f"- [{t.replace('`', '')}](#{anchor(t)})" for level, t in headings
+               if level == "##" and anchor(t) not in links]
+    assert not missing, "add to the README's table of contents:\n" + "\n".join(missing)  # every section listed
