@@ -229,7 +229,7 @@ def mfu_check(overrides: list[str], steps: int) -> None:
     from archsweep.core.data.paths import cache_dir
     from archsweep.core.data.tasks.base import IGNORE_INDEX
     from archsweep.core.data.tasks.forward import flop_shape
-    from archsweep.core.train.compute import peak_flops
+    from archsweep.core.train.compute import peak_flops, remeasure
     from archsweep.core.train.job import build_task, model_config
     from archsweep.core.train.optim import make_optimizer
     from archsweep.variants.flops import TRAIN_FACTOR, forward_flops
@@ -253,23 +253,27 @@ def mfu_check(overrides: list[str], steps: int) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    for batch in batches[:5]:
-        step(batch)
-    start = time.perf_counter()
-    for batch in batches[5:]:
-        step(batch)
-    seconds = time.perf_counter() - start
+    def bare_seconds() -> float:
+        for batch in batches[:5]:
+            step(batch)
+        start = time.perf_counter()
+        for batch in batches[5:]:
+            step(batch)
+        return time.perf_counter() - start
+
     flops = sum(TRAIN_FACTOR * forward_flops(model, flop_shape(b)) for b in batches[5:])
     tokens = sum(b["n_tokens"] for b in batches[5:])
-    peak, source = peak_flops(torch.device("cpu"), str(cfg.trainer.precision), cfg.trainer.get("peak_flops"),
-                              cache_dir(cfg.task.get("cache_dir")))
+    cache = cache_dir(cfg.task.get("cache_dir"))
+    remeasure(torch.device("cpu"), str(cfg.trainer.precision), cache)  # a fresh probe; the cache keeps the best
+    peak, source = peak_flops(torch.device("cpu"), str(cfg.trainer.precision), cfg.trainer.get("peak_flops"), cache)
     shape = flop_shape(batches[5])
     rule = 6 * (count_parameters(model) - model_cfg.vocab_size * model_cfg.d_model) + 12 * model_cfg.n_layers * \
         shape.length * model_cfg.d_model
     print(f"{' '.join(overrides)}: {count_parameters(model):,} parameters, {flops / tokens:,.0f} training FLOPs per "
           f"token (6 N + 12 L T D: {rule:,.0f}); peak {peak / 1e9:,.1f} GFLOP/s ({source})")
-    bare = flops / seconds / peak
-    print(f"bare loop: {tokens / seconds:,.0f} tokens/s, MFU {100 * bare:.1f}%  ({steps} steps)")
+    before = bare_seconds()
+    print(f"bare loop, before: {tokens / before:,.0f} tokens/s, MFU {100 * flops / before / peak:.1f}%  ({steps} "
+          f"steps)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         args = [*overrides, f"trainer.max_steps={steps}", "logger=csv", f"hydra.run.dir={tmp}/run",
                 f"output_root={tmp}"]
@@ -279,8 +283,11 @@ def mfu_check(overrides: list[str], steps: int) -> None:
             print(out.stderr[-2000:])
             raise SystemExit(f"train.py failed (exit {out.returncode})")
         results = json.loads((Path(tmp) / "run" / "results.json").read_text())
-    print(f"train.py:  {results['tokens_per_s']:,.0f} tokens/s, MFU {100 * results['mfu']:.1f}%  "
-          f"(results.json; {steps} steps, validation excluded)")
+    print(f"train.py:          {results['tokens_per_s']:,.0f} tokens/s, MFU {100 * results['mfu']:.1f}%  "
+          f"(results.json; {steps} steps, validation excluded)", flush=True)
+    after = bare_seconds()
+    print(f"bare loop, after:  {tokens / after:,.0f} tokens/s, MFU {100 * flops / after / peak:.1f}%")
+    bare = flops / ((before + after) / 2) / peak  # the mean of the runs either side: load drift cancels to first order
     print(f"train.py MFU / bare-loop MFU: {results['mfu'] / bare:.3f} (target: within 15%, 0.85 to 1.15)")
 
 

@@ -149,3 +149,19 @@ def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
     (run_file,) = run.glob("wandb/offline-run-*/run-*.wandb")
     history = read_run(run_file)["history"]
     assert {"train/mfu", "train/flops", "train/flops_per_token"} <= {k for row in history for k in row}
+
+
+def test_a_run_faster_than_the_cached_peak_measures_it_again(tmp_path, monkeypatch):
+    """A probe taken while the machine was busy reads low; a run that beats it (MFU over 100%) re-probes, and the
+    cache keeps the best rate seen."""
+    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: 1e9)
+    meter = compute.Compute(None, tmp_path)
+    meter.peak, meter.peak_source = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)
+    assert meter.peak == 1e9
+    meter.flops, meter.tokens = 4e9, 1000  # 4e9 FLOPs in 1 s: 400% of the stale peak
+    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: 8e9)
+    summary = meter.summary(train_s=1.0)
+    assert summary["peak_flops"] == 8e9 and summary["mfu"] == pytest.approx(0.5)
+    assert compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)[0] == 8e9  # cached for later runs
+    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: 2e9)
+    assert compute.remeasure(torch.device("cpu"), "32-true", tmp_path) == 8e9  # a lower probe never replaces it
