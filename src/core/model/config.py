@@ -1,8 +1,8 @@
 """Typed model configuration and its validation.
 
 `ModelConfig` holds the structural sizes of the architecture and, per axis (`kind`, `norm`, `pos`, `ffn`,
-`attention`), the chosen variant: an option name (the name of its yaml in `conf/<axis>/`) or a mapping of the name and the
-variant's own options (`{"name": <option>, <its option>: <value>}`; from Hydra, the yaml's `_target_` and
+`attention`), the chosen variant: an option name (the name of its yaml in `conf/<axis>/`) or a mapping of the name
+and the variant's own options (`{"name": <option>, <its option>: <value>}`; from Hydra, the yaml's `_target_` and
 options). The axes and their options come from the registries in `archsweep.variants`; nothing here names a
 variant. `validate()` refuses
 impossible combinations with a message that names the field, the value and the fix, before any weight is

@@ -59,4 +59,5 @@ class EncoderDecoder(ModelKind):
         """`shape.memory` source tokens through the encoder; `shape.length` target tokens through the decoder
         (cross-attending to them) and the head."""
         source = Shape(shape.batch, shape.memory)
-        return forward_flops(self.encoder, source) + forward_flops(self.decoder, shape) + forward_flops(self.head, shape)
+        decoder = forward_flops(self.decoder, shape) + forward_flops(self.head, shape)
+        return forward_flops(self.encoder, source) + decoder
