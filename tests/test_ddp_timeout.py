@@ -30,18 +30,19 @@ def test_ddp_strategies_get_the_timeout_and_others_are_left_alone():
 
 @pytest.mark.slow
 def test_a_stalled_process_fails_the_run_with_a_message_not_a_hang(tmp_path):
+    # 30 s, not less: the timeout also bounds the processes' rendezvous, which a loaded machine can slow that much
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     run = tmp_path / "run"
     start = time.monotonic()
     out = subprocess.run([sys.executable, "train.py", *TINY, "trainer=ddp", "trainer.accelerator=cpu",
-                          "trainer.collective_timeout_s=5", "+callbacks.stall._target_=fault_callbacks.StallRank",
-                          "+callbacks.stall.seconds=200", f"hydra.run.dir={run}", f"output_root={tmp_path}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                          "trainer.collective_timeout_s=30", "+callbacks.stall._target_=fault_callbacks.StallRank",
+                          "+callbacks.stall.seconds=600", f"hydra.run.dir={run}", f"output_root={tmp_path}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     elapsed = time.monotonic() - start
     assert out.returncode != 0
-    assert elapsed < 150  # the stalled process sleeps 200 s: it was stopped, not waited for
+    assert elapsed < 300  # the stalled process sleeps 600 s: it was stopped, not waited for
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "failed"
-    assert "did not complete within trainer.collective_timeout_s=5 s" in results["error"], results["error"]
+    assert "did not complete within trainer.collective_timeout_s=30 s" in results["error"], results["error"]
     assert "collective_timeout_s" in out.stderr + out.stdout

@@ -124,6 +124,16 @@ def with_collective_timeout(strategy: Any, seconds: float | None) -> Any:
     return entry["strategy"](**entry["init_params"], timeout=datetime.timedelta(seconds=float(seconds)))
 
 
+def stop_workers(trainer: L.Trainer) -> None:
+    """After an error in rank 0 of a DDP run, end the other processes: Lightning leaves them running (except on
+    Ctrl+C), and they would wait in their next collective, holding the run's output pipes open."""
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if isinstance(launcher, _SubprocessScriptLauncher) and trainer.is_global_zero:
+        launcher.kill(signal.SIGKILL)
+
+
 def explain_collective_timeout(error: BaseException, cfg: DictConfig) -> BaseException:
     """gloo's "Timed out waiting ... for recv" / NCCL's watchdog timeout, said in our terms."""
     text = str(error)
@@ -292,11 +302,18 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         trainer.fit(lit, datamodule=data, ckpt_path=str(setup.ckpt_path) if setup.ckpt_path else None)
     except (Interrupted, SIGTERMException) as stop:
         return interrupted_results(trainer, stop, info, cfg, setup, n_params, run_id, ckpt_cb)
+    except BaseException:
+        stop_workers(trainer)
+        raise
     fit_s = time.time() - fit_start
     train = train_summary(trainer)  # before the evaluation below replaces the callback metrics
     if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
-    val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
+    try:
+        val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
+    except BaseException:
+        stop_workers(trainer)
+        raise
     by_context = None
     if cfg.eval.get("context_lengths") is not None and trainer.is_global_zero:
         from archsweep.core.eval.context import evaluate_contexts
