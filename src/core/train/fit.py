@@ -311,6 +311,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
     try:
         val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
+    except SIGTERMException as stop:  # a SystemExit with code 0: never let it end the run as a success
+        return interrupted_results(trainer, stop, info, cfg, setup, n_params, run_id, ckpt_cb)
     except BaseException:
         stop_workers(trainer)
         raise
