@@ -8,10 +8,10 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from cache_check import assert_cached_decoding_equals_full_forward
 
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.attention.base import attend
-from archsweep.variants.cache import KVCache
 from archsweep.variants.ffn import FFN
 
 VOCAB = 23
@@ -80,18 +80,7 @@ OPTIONS = [dict(qk_norm="rmsnorm"), dict(attn_softcap=3.0), dict(logit_softcap=5
     ["decoder_only", "encoder_decoder"], ["full", {"name": "sliding_window", "window": 4}], OPTIONS)))
 def test_cached_decoding_equals_the_full_forward(kind, attention, options):
     model = tiny(kind, attention=attention, n_kv_heads=2, **options)
-    x, src = tokens(2, 10), tokens(2, 7, seed=4)
-    cache = KVCache(max_len=10)
-    with torch.no_grad():
-        if kind == "encoder_decoder":
-            memory = model.encode(src)
-            full = model.decode(x, memory)
-            steps = [model.decode(x[:, :3], memory, cache=cache)]
-            steps += [model.decode(x[:, i:i + 1], memory, cache=cache) for i in range(3, 10)]
-        else:
-            full = model(x)
-            steps = [model(x[:, :3], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(3, 10)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert_cached_decoding_equals_full_forward(model, kind, tokens(2, 10), tokens(2, 7, seed=4))
 
 
 @pytest.mark.parametrize("kind", ["decoder_only", "encoder_decoder", "encoder_only"])
