@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 LANES = 4  # 16-bit lanes per 64-bit draw
 
@@ -23,6 +23,22 @@ def apply_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     return x * keep_mask(x, p)
+
+
+class Dropout(nn.Module):
+    """`apply_dropout` as a module (a place for hooks, e.g. after the embedding); no work at p = 0 or in eval."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability {p} must be between 0 and 1")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return apply_dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 def keep_mask(x: Tensor, p: float) -> Tensor:

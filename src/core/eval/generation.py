@@ -26,7 +26,10 @@ class Generation:
 
 
 class _Session:
-    """Next-token logits for a batch of rows that grow by one token per step."""
+    """Next-token logits for a batch of rows that grow by one token per step.
+
+    Tokens (and, for padded prompts, the keep-mask) live in buffers allocated once for prompt + `max_new`
+    tokens, so a step writes one column instead of concatenating the history."""
 
     def __init__(self, model: nn.Module, inputs: Tensor, mask: Tensor, bos_id: int | None, max_new: int,
                  use_cache: bool) -> None:
@@ -34,53 +37,69 @@ class _Session:
         self.seq2seq = hasattr(model, "decode")
         decoder = getattr(model, "decoder", None)
         self.window = getattr(getattr(decoder, "pos", None), "max_len", None)  # a learned table's length
+        self.keep_buf: Tensor | None = None
         if self.seq2seq:
             self.memory, self.src_mask = model.encode(inputs, mask), mask
-            self.tokens = torch.full((inputs.shape[0], 1), bos_id, dtype=inputs.dtype, device=inputs.device)
-            self.keep = None
+            prompt = torch.full((inputs.shape[0], 1), bos_id, dtype=inputs.dtype, device=inputs.device)
+            self.padded = False
             if self.window is not None and 1 + max_new > self.window:
                 raise ValueError(f"decoding.max_new_tokens={max_new} does not fit the decoder's learned position "
                                  f"table (max_seq_len={self.window}, one position taken by BOS); lower it to "
                                  f"{self.window - 1}")
         else:
-            self.tokens, self.keep = left_align(inputs, mask)  # (B, P)
+            prompt, keep = left_align(inputs, mask)  # (B, P)
             self.padded = bool((~mask).any())  # once, on the prompts: no padding lets SDPA use its causal kernel
-        total = self.tokens.shape[1] + max_new
+            if self.padded:  # generated tokens are all real: the mask's tail is True from the start
+                self.keep_buf = torch.ones(prompt.shape[0], prompt.shape[1] + max_new, dtype=torch.bool,
+                                           device=prompt.device)
+                self.keep_buf[:, :prompt.shape[1]] = keep
+        total = prompt.shape[1] + max_new
+        self.buf = prompt.new_empty(prompt.shape[0], total)
+        self.buf[:, :prompt.shape[1]] = prompt
+        self.n = prompt.shape[1]  # tokens so far
         self.cache = KVCache(min(total, self.window or total)) if use_cache else None
         self.fed = 0  # tokens already in the cache
+
+    @property
+    def tokens(self) -> Tensor:
+        return self.buf[:, :self.n]  # (B, n)
+
+    @property
+    def keep(self) -> Tensor | None:
+        return self.keep_buf[:, :self.n] if self.keep_buf is not None else None
 
     def logits(self) -> Tensor:
         """Logits (B, V) for the token after the current sequence."""
         if self.seq2seq:
-            new = self.tokens[:, self.fed:] if self.cache is not None else self.tokens
+            new = self.buf[:, self.fed:self.n] if self.cache is not None else self.tokens
             out = self.model.decode(new, self.memory, self.src_mask, cache=self.cache)
         else:
             out = self._decoder_only_logits()
-        self.fed = self.tokens.shape[1]
+        self.fed = self.n
         return out[:, -1].float()
 
     def _decoder_only_logits(self) -> Tensor:
         tokens, keep, cache = self.tokens, self.keep, self.cache
-        if self.window is not None and tokens.shape[1] > self.window:
+        if self.window is not None and self.n > self.window:
             # past a learned position table: condition on the last `window` tokens, as nanoGPT crops its context;
             # the window moves every step, so from here on each step recomputes it without the cache
-            tokens, keep, cache = tokens[:, -self.window:], keep[:, -self.window:], None
+            tokens, cache = tokens[:, -self.window:], None
+            keep = keep[:, -self.window:] if keep is not None else None
             self.cache = None
         new = tokens[:, self.fed:] if cache is not None else tokens
         positions = None
         if self.padded:
             positions = (keep.cumsum(1) - 1).clamp(min=0)[:, -new.shape[1]:]  # (B, new) per-row positions
-        return self.model(new, pad_mask=keep if self.padded else None, positions=positions, cache=cache)
+        return self.model(new, pad_mask=keep, positions=positions, cache=cache)
 
     def append(self, next_tokens: Tensor) -> None:
-        self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
-        if self.keep is not None:
-            self.keep = torch.cat([self.keep, torch.ones_like(self.keep[:, :1])], dim=1)
+        self.buf[:, self.n] = next_tokens
+        self.n += 1
 
     def reorder(self, index: Tensor) -> None:
-        self.tokens = self.tokens.index_select(0, index)
-        if self.keep is not None:
-            self.keep = self.keep.index_select(0, index)
+        self.buf = self.buf.index_select(0, index)
+        if self.keep_buf is not None:
+            self.keep_buf = self.keep_buf.index_select(0, index)
         if self.seq2seq:
             self.memory, self.src_mask = self.memory.index_select(0, index), self.src_mask.index_select(0, index)
         if self.cache is not None:
@@ -137,19 +156,23 @@ def _greedy_or_sample(model, inputs, mask, cfg, eos_id, pad_id, bos_id) -> Gener
         generator = torch.Generator(device=inputs.device)
         generator.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
     finished = torch.zeros(b, dtype=torch.bool, device=inputs.device)
+    n_finished = 0  # rows that produced the end token (read once per step: the step's one host sync)
     scores = torch.zeros(b, device=inputs.device)
     for _ in range(cfg.max_new_tokens):
         logprobs = session.logits().log_softmax(-1)  # (B, V)
         if generator is None:
-            nxt = logprobs.argmax(-1)
+            best, nxt = logprobs.max(-1)  # the first maximal index, as argmax; its log-probability with it
         else:
             probs = filter_logits(logprobs / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        scores += logprobs.gather(1, nxt[:, None]).squeeze(1).masked_fill_(finished, 0.0)
-        nxt = nxt.masked_fill_(finished, pad_id)
+            best = logprobs.gather(1, nxt[:, None]).squeeze(1)
+        if n_finished:  # finished rows score nothing more and continue with padding
+            best, nxt = best.masked_fill_(finished, 0.0), nxt.masked_fill_(finished, pad_id)
+        scores += best
         session.append(nxt)
         finished |= nxt == eos_id
-        if bool(finished.all()):
+        n_finished = int(finished.sum())
+        if n_finished == b:
             break
     out = session.tokens[:, start:]
     lengths = _lengths(out, eos_id, pad_id)

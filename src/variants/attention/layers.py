@@ -69,14 +69,23 @@ class SelfAttention(Attention):
             self.register_buffer("value_lambdas", lambdas, persistent=False)
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
-        qkv = self.split_heads(self.qkv_proj(x), self.n_heads + 2 * self.n_kv_heads)  # (B, H + 2 Hkv, T, Dh)
-        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
+        q, k, v = self.split_qkv(self.qkv_proj(x))
         q, k = ctx.rotate_qk(q, k, ctx.positions)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.value_residual is not None:
             v = self.mix_values(v, ctx)
         return self.merge_heads(self.kernel(q, k, v, ctx, self.p_drop(), self.record))
+
+    def split_qkv(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, (H + 2 Hkv) Dh) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh); the same values either way."""
+        h, hkv = self.n_heads, self.n_kv_heads
+        if torch.is_grad_enabled():  # features first: backward concatenates the gradients in qkv's layout, no copy
+            q, k, v = qkv.split([h * self.head_dim, hkv * self.head_dim, hkv * self.head_dim], dim=-1)
+            return self.split_heads(q, h), self.split_heads(k, hkv), self.split_heads(v, hkv)
+        # inference: one view, transpose and split (per-op cost is most of a one-token decoding step)
+        q, k, v = self.split_heads(qkv, h + 2 * hkv).split([h, hkv, hkv], dim=1)
+        return q, k, v
 
     def mix_values(self, v: Tensor, ctx: AttnContext) -> Tensor:
         """The first layer keeps its values for the others; a later one returns lambda1 v + lambda2 v_1. Values

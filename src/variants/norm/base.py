@@ -19,8 +19,8 @@ from archsweep.variants.dropout import apply_dropout
 from archsweep.variants.norm import NORM_TYPES
 
 NormFactory = Callable[[], nn.Module]
-Sublayer = Callable[[Tensor], Tensor]
-Branch = tuple["Residual", Sublayer]  # a sublayer of a block and the wrapper of its residual
+Sublayer = Callable[..., Tensor]  # called as sublayer(normalised input, *args)
+Branch = tuple["Residual", Sublayer, tuple[Any, ...]]  # the wrapper of a residual, its sublayer, the extra args
 
 class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm calling the op directly: F.layer_norm's Python checks are a measurable share of a decoding step."""
@@ -62,7 +62,9 @@ class Residual(nn.Module):
         # functional, and skipped at p = 0: a module call per sublayer is measurable overhead when decoding
         return apply_dropout(x, self.p, self.training)
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
+    def forward(self, x: Tensor, sublayer: Sublayer, *args: Any) -> Tensor:
+        """The residual around `sublayer(input, *args)` (the arguments are passed on, not closed over: a lambda
+        per sublayer and step is measurable when decoding)."""
         raise NotImplementedError
 
     def bind(self, wrappers: list[Residual]) -> None:
@@ -72,8 +74,8 @@ class Residual(nn.Module):
     def compose(self, x: Tensor, branches: list[Branch]) -> Tensor:
         """A whole block, called on its first wrapper: by default one sublayer after another, each with its own
         residual. A placement that arranges the sublayers otherwise (`parallel`) overrides this."""
-        for wrapper, sublayer in branches:
-            x = wrapper(x, sublayer)
+        for wrapper, sublayer, args in branches:
+            x = wrapper(x, sublayer, *args)
         return x
 
     def init_sublayer(self, sublayer: nn.Module) -> None:

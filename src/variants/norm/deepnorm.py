@@ -4,6 +4,8 @@ come from the paper's figure 2, for the stack's role and the model's depth."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -32,8 +34,8 @@ class DeepNorm(Residual):
         super().__init__(make_norm, dropout)
         self.alpha, self.beta = deepnorm_constants(role, n_layers, n_decoder_layers)
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.norm(x * self.alpha + self.dropout(sublayer(x)))
+    def forward(self, x: Tensor, sublayer: Sublayer, *args: Any) -> Tensor:
+        return self.norm(x * self.alpha + self.dropout(sublayer(x, *args)))
 
     @torch.no_grad()
     def init_sublayer(self, sublayer: nn.Module) -> None:

@@ -9,6 +9,8 @@ decoder-only block (no published recipe fixes this case; the encoder-decoder fol
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from archsweep.variants.norm import NORM
@@ -24,8 +26,8 @@ class Parallel(Residual):
         super().__init__(make_norm, dropout)
         self.shared_norm = shared_norm
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:  # one sublayer alone: pre-norm
-        return x + self.dropout(sublayer(self.norm(x)))
+    def forward(self, x: Tensor, sublayer: Sublayer, *args: Any) -> Tensor:  # one sublayer alone: pre-norm
+        return x + self.dropout(sublayer(self.norm(x), *args))
 
     def bind(self, wrappers: list[Residual]) -> None:
         if self.shared_norm:  # this wrapper's norm serves the block; the others keep none (no unused weights)
@@ -35,8 +37,8 @@ class Parallel(Residual):
     def compose(self, x: Tensor, branches: list[Branch]) -> Tensor:
         shared = self.norm(x) if self.shared_norm else None  # (B, T, D)
         out = x
-        for wrapper, sublayer in branches:
-            out = out + wrapper.dropout(sublayer(shared if shared is not None else wrapper.norm(x)))
+        for wrapper, sublayer, args in branches:
+            out = out + wrapper.dropout(sublayer(shared if shared is not None else wrapper.norm(x), *args))
         return out
 
     def extra_repr(self) -> str:

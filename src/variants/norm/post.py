@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from archsweep.variants.norm import NORM
@@ -12,5 +14,5 @@ from archsweep.variants.norm.base import Residual, Sublayer
 class PostNorm(Residual):
     formula = "Add & Norm: norm(x + sublayer(x))"
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.norm(x + self.dropout(sublayer(x)))
+    def forward(self, x: Tensor, sublayer: Sublayer, *args: Any) -> Tensor:
+        return self.norm(x + self.dropout(sublayer(x, *args)))

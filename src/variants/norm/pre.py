@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from archsweep.variants.norm import NORM
@@ -13,5 +15,5 @@ class PreNorm(Residual):
     final_norm = True
     formula = "x + sublayer(norm(x))"
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return x + self.dropout(sublayer(self.norm(x)))
+    def forward(self, x: Tensor, sublayer: Sublayer, *args: Any) -> Tensor:
+        return x + self.dropout(sublayer(self.norm(x), *args))

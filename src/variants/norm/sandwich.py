@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from archsweep.variants.norm import NORM
@@ -17,5 +19,5 @@ class SandwichNorm(Residual):
         super().__init__(make_norm, dropout)
         self.out_norm = make_norm()
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return x + self.dropout(self.out_norm(sublayer(self.norm(x))))
+    def forward(self, x: Tensor, sublayer: Sublayer, *args: Any) -> Tensor:
+        return x + self.dropout(self.out_norm(sublayer(self.norm(x), *args)))
