@@ -414,3 +414,20 @@ def test_loss_against_flops_plot_reads_the_logged_running_total(tmp_path):
                                    "0,19,,1.9,\n0,29,1.2,,3e9\n0,29,,1.8,\n")
     (curve,) = flops_curves(compare([s]).cells[0])
     assert sorted(curve.items()) == [(1e9, 2.0), (2e9, 1.9), (3e9, 1.8)]  # val steps placed at the FLOPs spent
+
+
+def test_language_model_runs_default_to_loss_and_perplexity_without_an_exact_match_target(tmp_path):
+    """results.json's task_family lm: no val/exact_match column (0 over any window of text) and no default target;
+    runs that do not say (older results) keep the general defaults."""
+    lm = {"task_family": "lm", "val": {"loss": 1.5, "ppl": 4.48, "exact_match": 0.0},
+          "test": {"loss": 1.6, "ppl": 4.95, "exact_match": 0.0}}
+    for n, seed in enumerate((0, 1)):
+        write_run(tmp_path / "lm" / str(n), ["task=shakespeare_char", f"seed={seed}"], {**done(1.5, 0.0, 0.0), **lm},
+                  val_em=[0.0, 0.0])
+    report = compare([tmp_path / "lm"], out=tmp_path / "out")
+    assert report.columns[:4] == ["val/loss", "val/ppl", "test/loss", "test/ppl"]
+    assert not any("exact_match" in c for c in report.columns)
+    assert report.target is None
+    write_run(tmp_path / "old" / "0", ["seed=0"], done(1.0, 0.5, 0.4), val_em=[0.5, 0.95])
+    old = compare([tmp_path / "old"], out=tmp_path / "out2")
+    assert "val/exact_match" in old.columns and old.target is not None

@@ -48,11 +48,20 @@ class SortKey:
         return f"{self.key} ({'lower' if self.lower_better else 'higher'} is better)"
 
 
+def language_models(runs: list[Run]) -> bool:
+    """Whether every run with results is a language model's (results.json's `task_family`; runs written before
+    the field existed do not say, and keep the general defaults). Exact match over a window of text is always 0."""
+    families = {r.results.get("task_family") for r in runs if r.results}
+    return families == {"lm"}
+
+
 def parse_target(expr: str | None, runs: list[Run]) -> Target | None:
-    """None/'none'/'off' turns the column off; no expression: val/exact_match>=0.9 if the runs log it."""
+    """None/'none'/'off' turns the column off; no expression: val/exact_match>=0.9 if the runs log it (not for
+    language models)."""
     logged = sorted({k for r in runs if r.metrics for k in r.metrics})
     if expr is None:
-        return parse_target(DEFAULT_TARGET, runs) if "val/exact_match" in logged else None
+        use = "val/exact_match" in logged and not language_models(runs)
+        return parse_target(DEFAULT_TARGET, runs) if use else None
     if expr.strip().lower() in ("none", "off", ""):
         return None
     match = TARGET_RE.match(expr)
@@ -175,13 +184,17 @@ def sort_cells(cells: list[Cell], sort: SortKey) -> list[Cell]:
 
 def metric_columns(runs: list[Run], wanted: list[str] | None) -> list[str]:
     """The final metrics shown: those asked for, or val loss, the final training loss and its spike count,
-    val/test/test_long exact match, BLEU, whichever the completed runs have."""
+    val/test/test_long exact match, BLEU, whichever the completed runs have; for language models, loss and
+    perplexity of val and test instead of exact match."""
     done = [r for r in runs if r.status == "completed"]
     have = lambda key: any(metric(r, key) is not None for r in done)
     if wanted:
         return list(wanted)
     default = ["val/loss", "train/loss", "train/loss_spikes", "val/exact_match", "test/exact_match",
                "test_long/exact_match", "val/bleu", "test/bleu", "by_context/ppl_ratio"]
+    if language_models(runs):
+        default = ["val/loss", "val/ppl", "test/loss", "test/ppl", "train/loss", "train/loss_spikes",
+                   "by_context/ppl_ratio"]
     return [k for k in default if have(k)]
 
 

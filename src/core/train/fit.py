@@ -43,7 +43,7 @@ from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup, write_json
-from archsweep.core.train.summary import summary_line, validation_keys
+from archsweep.core.train.summary import family, summary_line, validation_keys
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -329,6 +329,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             "diverged": lit.diverged,  # {"step", "reason"} when the divergence check stopped the run
             "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
             "choices": info.choices, "overrides": info.overrides, "seed": cfg.seed, "params": n_params,
+            "task_family": family(setup.task),  # lm, translation, classification, synthetic: compare.py's defaults
             "steps": trainer.global_step, "train": train, "val": metrics_of("val", val),
             **{split: metrics_of(split, test) for split in setup.task.test_splits},
             "by_length": lit.by_length,  # split -> source length -> {"n", "exact_match", "acc"}

@@ -71,6 +71,9 @@ class PerformerAttention(FeatureMapAttention):
         self.calls, self.draws = 0, 0  # training forwards since the last draw; draws so far
         self.register_buffer("features", self._draw(), persistent=True)
         self.label = f"Performer, {self.m} features"
+        # on_forward is a Python counter: run eagerly, so a compiled model neither breaks nor recompiles on it;
+        # wrapped here rather than by a decorator, so importing the variants does not import torch._dynamo (0.8 s)
+        self.on_forward = torch.compiler.disable(self.count_forward)
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
@@ -88,8 +91,7 @@ class PerformerAttention(FeatureMapAttention):
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.layer * 10_007 + self.draws) % 2**63)
         return draw_features(self.m, self.head_dim, generator, self.orthogonal)
 
-    @torch.compiler.disable  # a Python counter: run eagerly, so a compiled model neither breaks nor recompiles on it
-    def on_forward(self) -> None:
+    def count_forward(self) -> None:
         self.calls += 1
         if self.redraw_every and self.calls % self.redraw_every == 0:
             self.draws += 1
