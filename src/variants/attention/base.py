@@ -54,8 +54,11 @@ class AttnContext:
 
     def full_mask(self) -> tuple[Tensor | None, bool]:
         """(mask, is_causal) over every key so far: padding, causality and the score bias."""
-        return self.once("full", lambda: self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
-                                                        self.bias(self.k_len), self.device))
+        full = self.memo.get("full")  # asked by every layer: no closure per call
+        if full is None:
+            full = self.memo["full"] = self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
+                                                      self.bias(self.k_len), self.device)
+        return full
 
     def layer_mask(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor | None, bool]:
         """`full_mask` plus the encoding's content bias of this layer, for k holding every key so far."""

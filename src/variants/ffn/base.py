@@ -39,7 +39,7 @@ class FFNBase(nn.Module):
         return True
 
     def hidden_dropout(self, hidden: Tensor) -> Tensor:
-        return apply_dropout(hidden, self.p, self.training)
+        return hidden if self.p == 0.0 or not self.training else apply_dropout(hidden, self.p, True)
 
 
 class FeedForward(FFNBase):

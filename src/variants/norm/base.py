@@ -59,8 +59,8 @@ class Residual(nn.Module):
         """Raise ValueError if the placement cannot work with these sizes."""
 
     def dropout(self, x: Tensor) -> Tensor:
-        # functional, and skipped at p = 0: a module call per sublayer is measurable overhead when decoding
-        return apply_dropout(x, self.p, self.training)
+        # functional, and skipped at p = 0 or in eval without a call: per-sublayer calls count when decoding
+        return x if self.p == 0.0 or not self.training else apply_dropout(x, self.p, True)
 
     def forward(self, x: Tensor, sublayer: Sublayer, *args: Any) -> Tensor:
         """The residual around `sublayer(input, *args)` (the arguments are passed on, not closed over: a lambda
