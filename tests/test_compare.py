@@ -424,6 +424,7 @@ def test_language_model_runs_default_to_loss_and_perplexity_without_an_exact_mat
     for n, seed in enumerate((0, 1)):
         write_run(tmp_path / "lm" / str(n), ["task=shakespeare_char", f"seed={seed}"], {**done(1.5, 0.0, 0.0), **lm},
                   val_em=[0.0, 0.0])
+    write_run(tmp_path / "lm" / "2", ["task=shakespeare_char", "seed=2"], {"status": "failed", "error": "OOM"})
     report = compare([tmp_path / "lm"], out=tmp_path / "out")
     assert report.columns[:4] == ["val/loss", "val/ppl", "test/loss", "test/ppl"]
     assert not any("exact_match" in c for c in report.columns)

@@ -29,7 +29,7 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "name", "group", "run_dir", "choices", "overrides", "seed", "params", "steps", "train",
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib",
-               "flops_per_token", "total_flops", "mfu", "peak_flops"}
+               "flops_per_token", "total_flops", "mfu", "peak_flops", "task_family"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
 GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding",
           "callbacks",
@@ -80,6 +80,7 @@ def test_single_run_writes_its_directory(tmp_path):
     res = results(run_dir)
     assert set(res) == RESULT_KEYS
     assert res["status"] == "completed" and res["steps"] == 20 and res["world_size"] == 1
+    assert res["task_family"] == "synthetic"  # reversal; compare.py's defaults follow it
     assert set(res["val"]) == METRICS | {"decoded_exact_match", "bleu"} and set(res["test"]) == METRICS
     assert set(res["choices"]) == GROUPS
     assert res["choices"]["model"] == "encoder_decoder" and res["choices"]["norm"] == "post"

@@ -51,8 +51,8 @@ class SortKey:
 def language_models(runs: list[Run]) -> bool:
     """Whether every run with results is a language model's (results.json's `task_family`; runs written before
     the field existed do not say, and keep the general defaults). Exact match over a window of text is always 0."""
-    families = {r.results.get("task_family") for r in runs if r.results}
-    return families == {"lm"}
+    families = {r.results.get("task_family") for r in runs if r.status in ("completed", "diverged")}
+    return families == {"lm"}  # failed runs record no family and do not count
 
 
 def parse_target(expr: str | None, runs: list[Run]) -> Target | None:
