@@ -49,8 +49,9 @@ class SortKey:
 
 
 def language_models(runs: list[Run]) -> bool:
-    """Whether every run with results is a language model's (results.json's `task_family`; runs written before
-    the field existed do not say, and keep the general defaults). Exact match over a window of text is always 0."""
+    """Whether every completed (or diverged) run is a language model's, by results.json's `task_family`; runs
+    written before the field existed do not say, and keep the general defaults. Exact match over a window of text
+    is always 0."""
     families = {r.results.get("task_family") for r in runs if r.status in ("completed", "diverged")}
     return families == {"lm"}  # failed runs record no family and do not count
 
