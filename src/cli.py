@@ -16,7 +16,10 @@ from pathlib import Path
 START = time.time()
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from hydra.errors import OverrideParseException  # noqa: E402
+from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from archsweep import conf_dir  # noqa: E402
 from archsweep.core.data.tasks.known import EXTRA_CONF_ENV  # noqa: E402  (more config folders, e.g. your variants)
@@ -46,6 +49,91 @@ def _extra_config_folders() -> None:
 
 _extra_config_folders()
 
+# Hydra's own command-line flags that take the next argument as their value
+FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+                    "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+EXAMPLES = {"ckpt": "ckpt=outputs/runs/<run>/checkpoints/best.ckpt, or the run directory",
+            "init_from": "init_from=outputs/runs/<run>, the run whose weights to start from"}
+
+
+def config_folders() -> list[Path]:
+    return [Path(CONF), *(Path(f) for f in os.environ.get(EXTRA_CONF_ENV, "").split(os.pathsep) if f)]
+
+
+def known_top_keys(config_name: str) -> set[str]:
+    """Top-level keys an override may name: the entry config's own keys, the config groups, and the keys that
+    global presets (`# @package _global_` files such as conf/experiment/*.yaml) add."""
+    keys = set(OmegaConf.load(Path(CONF) / f"{config_name}.yaml").keys()) | {"hydra"}
+    for folder in config_folders():
+        for group in (g for g in folder.iterdir() if g.is_dir()):
+            keys.add(group.name)
+            for option in group.glob("*.yaml"):
+                if option.read_text().startswith("# @package _global_"):
+                    keys.update(str(k) for k in (OmegaConf.load(option) or {}).keys())
+    return keys - {"defaults"}
+
+
+def check_overrides(argv: list[str], config_name: str) -> str | None:
+    """The one-line refusal for a command-line argument Hydra would reject with a grammar error that does not name
+    it, or accept into a key nothing reads (`+nrom=pre` trains post-norm); None when every argument is fine."""
+    parser, known, skip = OverridesParser.create(), None, False
+    for i, arg in enumerate(argv):
+        if skip or arg.startswith("-"):
+            skip = not skip and (arg in FLAGS_WITH_VALUE
+                                 or (arg == "--info" and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS))
+            continue
+        try:
+            override = parser.parse_overrides([arg])[0]
+        except OverrideParseException as e:
+            if arg.endswith(",") or (i > 0 and argv[i - 1].endswith(",")):
+                return (f"cannot read the argument {arg!r}: a sweep's values are one argument without spaces, "
+                        f"e.g. norm=pre,post")
+            lines = [line for line in str(e).splitlines()
+                     if line.strip() and not line.startswith(("Error parsing", "See"))]
+            reason = lines[0].split(" expecting")[0] if lines else "Hydra's override grammar"
+            fix = "an override is key=value, e.g. norm=pre" if "=" not in arg else "quote a value with spaces"
+            return f"cannot read the argument {arg!r} ({reason}); {fix}"
+        top = override.key_or_group.split("/")[0].split(".")[0]
+        known = known if known is not None else known_top_keys(config_name)
+        if top not in known:
+            near = close_match(top, sorted(known))
+            return (f"{arg}: {top!r} is not a setting of {config_name}.py{near}; `python {config_name}.py --help` "
+                    f"lists the groups and settings")
+    return None
+
+
+def close_match(value: str, valid: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, valid, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def refuse_bad_overrides(config_name: str) -> None:
+    problem = check_overrides(sys.argv[1:], config_name)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+
+
+def missing_values(cfg: DictConfig) -> str | None:
+    """One line naming the mandatory (`???`) settings left unset, each with an example."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if not missing:
+        return None
+    return "set " + "; ".join(f"{k}, e.g. {EXAMPLES.get(k, k + '=...')}" for k in missing)
+
+
+def raw_prompts(cfg: DictConfig) -> None:
+    """`prompt=31415` reaches us as the number 31415 (Hydra types what it reads): the text the user typed is the
+    override's own, so a prompt is always the characters given (`prompt=3.10` stays "3.10", not 3.1)."""
+    typed = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if "=" in o}
+    with open_dict(cfg):
+        if cfg.get("prompt") is not None and not isinstance(cfg.prompt, str):
+            cfg.prompt = typed.get("prompt", str(cfg.prompt))
+        if cfg.get("prompts"):
+            cfg.prompts = [p if isinstance(p, str) else str(p) for p in cfg.prompts]
+
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
 def _train(cfg: DictConfig) -> float:
@@ -66,6 +154,9 @@ def _checkpoint_entry(name: str):
     def main(cfg: DictConfig) -> None:
         from archsweep.core.model.checkpoint import check_checkpoint_file, resolve_checkpoint
 
+        if missing_values(cfg):
+            raise SystemExit(f"error: {missing_values(cfg)}")
+        raw_prompts(cfg)
         try:
             check_checkpoint_file(resolve_checkpoint(cfg.ckpt, "evaluate"))  # before torch: a wrong file answers fast
             from archsweep.core.eval import inference
@@ -84,11 +175,13 @@ def train(start_time: float | None = None) -> None:
     """Train a Transformer variant (README: Training from the command line)."""
     global START
     START = start_time or START
+    refuse_bad_overrides("train")
     _train()
 
 
 def generate() -> None:
     """Decode from a train.py checkpoint (README: Decoding and evaluation)."""
+    refuse_bad_overrides("generate")
     _generate()
 
 
@@ -101,6 +194,7 @@ def task_overrides_without_plus(argv: list[str]) -> list[str]:
 def evaluate() -> None:
     """Test-set metrics of a train.py checkpoint, overall and by source length (README: Decoding and
     evaluation)."""
+    refuse_bad_overrides("evaluate")
     sys.argv[1:] = task_overrides_without_plus(sys.argv[1:])
     _evaluate()
 
