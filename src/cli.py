@@ -19,6 +19,7 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
 from hydra.errors import OverrideParseException  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from archsweep import conf_dir  # noqa: E402
@@ -139,11 +140,11 @@ def raw_prompts(cfg: DictConfig) -> None:
 def _train(cfg: DictConfig) -> float:
     from archsweep.core.train.job import run_job
 
-    global START
-    try:
-        return run_job(cfg, START)
-    finally:  # a sweep's next job in this process counts its times from its own start, not the process's
-        START = time.time()
+    # A single run counts its times from the process's start (imports included); a sweep's job from its own start:
+    # a launcher that runs jobs in worker processes (joblib, submitit) ships this function to them by value, with
+    # the START of the process that launched the sweep.
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    return run_job(cfg, time.time() if multirun else START)
 
 
 def _checkpoint_entry(name: str):
