@@ -102,3 +102,35 @@ def test_no_import_cycles():
         if module not in state:
             cycle = visit(module, [])
             assert cycle is None, " -> ".join(cycle)
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level (definitions, assignments, imports), where a static reader finds them."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_every_import_names_the_module_that_defines_it():
+    """No module `__getattr__` hands out names at run time: each `from archsweep.<module> import name` finds `name`
+    bound in that module's source (or a submodule of that name), so editors and type checkers can follow it."""
+    modules = {module_name(p): p for p in (ROOT / "src").rglob("*.py")}
+    defined = {name: top_level_names(ast.parse(path.read_text())) for name, path in modules.items()}
+    assert not [m for m, names in defined.items() if "__getattr__" in names]
+    users = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
+             *ROOT.glob("*.py")]
+    unresolved = []
+    for path in users:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                unresolved += [f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {a.name}"
+                               for a in node.names if a.name not in defined[node.module]
+                               and f"{node.module}.{a.name}" not in modules]
+    assert not unresolved, "\n".join(unresolved)

@@ -1,4 +1,4 @@
-"""One registry per axis (`pos`, `norm`, `ffn`, `kind`), kept next to the family's base class.
+"""One registry per axis (`kind`, `norm`, `pos`, `ffn`, `attention`), kept next to the family's base class.
 
 A variant registers itself where it is defined, under the name its yaml file carries:
 
@@ -12,10 +12,11 @@ Its constructor is typed and takes no **kwargs. Parameters named like a structur
 its yaml or as a mapping: `{"name": "rotary", "base": 500.0}`. An unknown option fails with the valid ones.
 
 Every module in a family's package is imported when the registry is first asked (`discover`), so a new variant is
-one file and one yaml: nothing else names it. Until then nothing heavy is imported: a family package holds its
-registry and finds its classes on first access, so a config can be checked for its sizes before torch loads. A yaml
-may name its class instead, with Hydra's `_target_` (`_target_: my_module.XPos`): the module is imported, which
-registers the class, so variants can also live outside this package.
+one file and one yaml: nothing else names it. A family's package holds only its registry (importing it imports no
+torch); a class or function of the family is imported from the module that defines it
+(`from archsweep.variants.attention.layers import SelfAttention`). A yaml may name its class instead, with Hydra's
+`_target_` (`_target_: my_module.XPos`): the module is imported, which registers the class, so variants can also
+live outside this package.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import difflib
 import importlib
 import inspect
 import pkgutil
-import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -47,18 +47,6 @@ def discover(package: str) -> None:
     """Import every module of a family's package, so that each variant file registers itself."""
     for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
         importlib.import_module(f"{package}.{info.name}")
-
-
-def family_attribute(package: str, name: str) -> Any:
-    """Module `__getattr__` of a family package: its classes and functions, found in its modules once they are
-    imported, so that importing the package (and its registry) stays light (no torch)."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    discover(package)
-    for module_name, module in list(sys.modules.items()):
-        if module_name.startswith(package + ".") and hasattr(module, name):
-            return getattr(module, name)
-    raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
 
 def close_match(value: str, valid: list[str]) -> str:

@@ -3,10 +3,8 @@
 
 A new kind is one file here with `@ATTENTION.register("<name>")` on its class, and `conf/attention/<name>.yaml`."""
 
-from typing import Any
-
 from archsweep.variants.pos import POS
-from archsweep.variants.registry import Choices, Registry, family_attribute
+from archsweep.variants.registry import Choices, Registry
 
 ATTENTION: Registry = Registry("attention", __name__, default="full")
 
@@ -23,7 +21,3 @@ def _score_bias_needs_scores(choices: Choices) -> None:
 
 
 ATTENTION.rules.append(_score_bias_needs_scores)
-
-
-def __getattr__(name: str) -> Any:
-    return family_attribute(__name__, name)

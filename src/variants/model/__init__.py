@@ -3,9 +3,7 @@ the data forms).
 
 A new kind is one file here with `@KIND.register("<name>")` on its class, and `conf/model/<name>.yaml`."""
 
-from typing import Any
-
-from archsweep.variants.registry import Registry, family_attribute
+from archsweep.variants.registry import Registry
 
 KIND: Registry = Registry("kind", __name__, default="encoder_decoder")
 
@@ -27,7 +25,3 @@ def form_of(kind: str) -> str:
 def kinds_of(forms: tuple[str, ...]) -> list[str]:
     """The kinds that read data in one of `forms`."""
     return [k for k in KIND.names() if form_of(k) in forms]
-
-
-def __getattr__(name: str) -> Any:
-    return family_attribute(__name__, name)
