@@ -17,9 +17,8 @@ ALL_FORMS = (*FORMS, IMAGE)
 
 
 def form_of(kind: str) -> str:
-    """How the model kind named `kind` reads data (one of ALL_FORMS). Read from its source while the kinds are
-    not imported, so a task can check a kind before torch loads."""
-    return KIND.declared(kind, "form") or KIND.get(kind).form
+    """How the model kind named `kind` reads data (one of ALL_FORMS): its class's `form`."""
+    return KIND.get(kind).form
 
 
 def kinds_of(forms: tuple[str, ...]) -> list[str]:
