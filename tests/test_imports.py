@@ -24,6 +24,21 @@ def test_variants_and_builder_import_no_framework():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_registries_rules_and_model_config_import_no_torch():
+    """A family's package holds only its registry, so the config (and a refusal of a setting) needs no torch; the
+    variants, and torch, are imported when a registry is first asked for one."""
+    code = ("import sys\n"
+            "import archsweep.variants.pos, archsweep.variants.norm, archsweep.variants.ffn\n"
+            "import archsweep.variants.attention, archsweep.variants.model, archsweep.variants.rules\n"
+            "import archsweep.core.model.config\n"
+            "print('torch' in sys.modules)\n"
+            "from archsweep.variants.pos import POS\n"
+            "POS.names()\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
 def test_variant_sources_do_not_mention_framework_imports():
     for path in (ROOT / "src" / "variants").rglob("*.py"):
         for line in path.read_text().splitlines():
