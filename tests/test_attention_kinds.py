@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.variants.attention import ATTENTION, capture_attention
+from archsweep.variants.attention import ATTENTION
 from archsweep.variants.attention.kernel import causal_linear, global_linear, implied_weights
+from archsweep.variants.attention.layers import capture_attention
 from archsweep.variants.attention.performer import draw_features, positive_features
 from archsweep.variants.cache import KVCache
 

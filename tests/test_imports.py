@@ -24,6 +24,21 @@ def test_variants_and_builder_import_no_framework():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_registries_rules_and_model_config_import_no_torch():
+    """A family's package holds only its registry, so the config (and a refusal of a setting) needs no torch; the
+    variants, and torch, are imported when a registry is first asked for one."""
+    code = ("import sys\n"
+            "import archsweep.variants.pos, archsweep.variants.norm, archsweep.variants.ffn\n"
+            "import archsweep.variants.attention, archsweep.variants.model, archsweep.variants.rules\n"
+            "import archsweep.core.model.config\n"
+            "print('torch' in sys.modules)\n"
+            "from archsweep.variants.pos import POS\n"
+            "POS.names()\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
 def test_variant_sources_do_not_mention_framework_imports():
     for path in (ROOT / "src" / "variants").rglob("*.py"):
         for line in path.read_text().splitlines():
@@ -102,3 +117,35 @@ def test_no_import_cycles():
         if module not in state:
             cycle = visit(module, [])
             assert cycle is None, " -> ".join(cycle)
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level (definitions, assignments, imports), where a static reader finds them."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_every_import_names_the_module_that_defines_it():
+    """No module `__getattr__` hands out names at run time: each `from archsweep.<module> import name` finds `name`
+    bound in that module's source (or a submodule of that name), so editors and type checkers can follow it."""
+    modules = {module_name(p): p for p in (ROOT / "src").rglob("*.py")}
+    defined = {name: top_level_names(ast.parse(path.read_text())) for name, path in modules.items()}
+    assert not [m for m, names in defined.items() if "__getattr__" in names]
+    users = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
+             *ROOT.glob("*.py")]
+    unresolved = []
+    for path in users:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                unresolved += [f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {a.name}"
+                               for a in node.names if a.name not in defined[node.module]
+                               and f"{node.module}.{a.name}" not in modules]
+    assert not unresolved, "\n".join(unresolved)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.variants.model import pack_prefix_lm
+from archsweep.variants.model.decoder_only import pack_prefix_lm
 
 PAD, BOS, EOS, SEP, VOCAB = 0, 1, 2, 3, 16
 

@@ -1,28 +1,87 @@
-"""The full product kind x norm x positional x FFN x attention builds, runs forward and backward with finite
-values, and every parameter that should learn gets a gradient; a combination the variants refuse is refused at
-validation with the reason."""
+"""Every option of every axis (kind, norm, pos, ffn, attention: the yamls in conf/) builds, runs forward and backward
+with finite values, and every parameter that should learn gets a gradient, over a set of combinations in which
+every allowed pair of options of two axes meets at least once (all-pairs), not over the full product. Each rule
+across axes (`archsweep.variants.rules.RULES`) is refused once, with a message naming the fields and a fix that
+works."""
 
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.variants.attention import ATTENTION
-from archsweep.variants.ffn import FFN
+from archsweep.core.model.config import AXES
+from archsweep.variants.ffn.base import GatedFeedForward
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, KIND, SOURCE_TARGET, form_of
-from archsweep.variants.norm import NORM
-from archsweep.variants.pos import POS
+from archsweep.variants.rules import RULES, Choices, check_rules
 
-PRODUCT = list(itertools.product(KIND.names(), NORM.names(), POS.names(), FFN.names(), ATTENTION.names()))
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = {"kind": "model", "norm": "norm", "pos": "pos", "ffn": "ffn", "attention": "attention"}  # field: conf group
+OPTIONS = {axis: sorted(p.stem for p in (CONF / group).glob("*.yaml")) for axis, group in GROUPS.items()}
+REGISTRIES = {"kind": KIND, **AXES}
 # options small enough to act on a 7-token input: a window that excludes keys, a global layer in the pattern
 ATTENTION_OPTIONS = {"sliding_window": {"window": 3, "layer_pattern": "LG"}, "performer": {"n_features": 8},
                      "linear": {"chunk_size": 4}}
-
-
 IMAGE_SIZES = {"image_size": [4, 6], "patch_size": 2, "in_channels": 3}  # 2 x 3 patches + a class token: 7 tokens
+
+Combination = tuple[str, ...]  # one option per axis, in the order of OPTIONS
+Pair = tuple[tuple[str, str], tuple[str, str]]  # ((axis, option), (axis, option)) of two different axes
+
+
+def named(combination: Combination) -> dict[str, str]:
+    return dict(zip(OPTIONS, combination, strict=True))
+
+
+def config(combination: Combination, **fields) -> ModelConfig:
+    """A small model of these options (rmsnorm with the gated FFNs, layernorm with the others), not yet validated."""
+    chosen = named(combination)
+    kind, attention = chosen.pop("kind"), chosen.pop("attention")
+    gated = issubclass(REGISTRIES["ffn"].get(chosen["ffn"]), GatedFeedForward)
+    values = dict(kind=kind, **chosen, norm_type="rmsnorm" if gated else "layernorm", vocab_size=13, d_model=16,
+                  n_heads=2, n_layers=2, d_ff=32, max_seq_len=16, dropout=0.1, n_classes=3,
+                  attention={"name": attention, **ATTENTION_OPTIONS.get(attention, {})},
+                  **(IMAGE_SIZES if form_of(kind) == IMAGE else {}))
+    return ModelConfig(**{**values, **fields})
+
+
+def choices(combination: Combination, **fields) -> Choices:
+    """What the rules across axes see of this combination: the option names, their classes and the fields."""
+    names = named(combination)
+    classes = {axis: REGISTRIES[axis].get(name) for axis, name in names.items()}
+    return Choices(names, classes, config(combination, **fields).sizes())
+
+
+def allowed(combination: Combination) -> bool:
+    """Whether the rules across axes accept the combination (read from the classes: no model is validated)."""
+    try:
+        check_rules(choices(combination))
+    except ValueError:
+        return False
+    return True
+
+
+def pairs(combination: Combination) -> set[Pair]:
+    return set(itertools.combinations(named(combination).items(), 2))
+
+
+def all_pairs(candidates: list[Combination]) -> list[Combination]:
+    """Greedy covering: take the candidate that covers the most pairs not yet covered (the first such, so the result
+    is the same on every run) until every pair of some candidate is covered."""
+    uncovered = set().union(*map(pairs, candidates))
+    chosen = []
+    while uncovered:
+        best = max(candidates, key=lambda c: len(pairs(c) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    return chosen
+
+
+ALLOWED = [c for c in itertools.product(*OPTIONS.values()) if allowed(c)]
+COMBINATIONS = all_pairs(ALLOWED)
 
 
 def run(model, kind, x, mask):
@@ -42,24 +101,12 @@ def run(model, kind, x, mask):
     return out, loss
 
 
-@pytest.mark.parametrize("kind, norm, pos, ffn, attention", PRODUCT, ids=["-".join(c) for c in PRODUCT])
-def test_every_combination_trains(kind, norm, pos, ffn, attention):
+@pytest.mark.parametrize("combination", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
+def test_combination_trains(combination):
     torch.manual_seed(0)
-    norm_type = "rmsnorm" if ffn in ("swiglu", "geglu") else "layernorm"  # rmsnorm with gated FFNs
+    kind = combination[0]
     image = form_of(kind) == IMAGE
-    cfg = ModelConfig(kind=kind, norm=norm, pos=pos, ffn=ffn, norm_type=norm_type, vocab_size=13, d_model=16,
-                      n_heads=2, n_layers=2, d_ff=32, max_seq_len=16, dropout=0.1, n_classes=3,
-                      attention={"name": attention, **ATTENTION_OPTIONS.get(attention, {})},
-                      **(IMAGE_SIZES if image else {}))
-    if not ATTENTION.get(attention).forms_scores and POS.get(pos).score_bias:
-        with pytest.raises(ValueError, match=f"attention={attention} never forms the score matrix.*pos={pos}"):
-            cfg.validate()
-        return
-    if getattr(POS.get(pos), "image_only", False) and not image:  # positions on a patch grid need an image
-        with pytest.raises(ValueError, match=f"pos={pos} .* needs an image input"):
-            cfg.validate()
-        return
-    model = build_model(cfg)
+    model = build_model(config(combination).validate())
     x = torch.randint(1, 13, (2, 7))
     mask = torch.ones(2, 7, dtype=torch.bool)
     mask[1, 5:] = False
@@ -71,3 +118,64 @@ def test_every_combination_trains(kind, norm, pos, ffn, attention):
         assert torch.isfinite(param.grad).all(), f"{name} has a non-finite gradient"
         if "pos.table" not in name:  # learned rows for positions never used stay zero, the rest must move
             assert param.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+def test_the_combinations_cover_every_allowed_pair_and_every_option():
+    assert list(OPTIONS) == ["kind", *AXES] and all(OPTIONS.values())  # every axis, each with its yamls
+    universe = set().union(*(pairs(c) for c in itertools.product(*OPTIONS.values()) if allowed(c)))
+    covered = set().union(*map(pairs, COMBINATIONS))
+    assert covered == universe, sorted(universe - covered)[:5]
+    assert all(allowed(c) for c in COMBINATIONS) and len(set(COMBINATIONS)) == len(COMBINATIONS)
+    for i, axis in enumerate(OPTIONS):
+        assert {c[i] for c in COMBINATIONS} == set(OPTIONS[axis]), axis
+    # all-pairs, not the product: no more than twice the pairs of the two axes with the most allowed pairs
+    most = max(len({p for p in universe if (p[0][0], p[1][0]) == axes}) for axes in itertools.combinations(OPTIONS, 2))
+    assert len(COMBINATIONS) <= 2 * most < len(ALLOWED)
+
+
+def first(axis: str, test) -> str:
+    """The first option of `axis` whose class passes `test`."""
+    return next(n for n in REGISTRIES[axis].names() if test(REGISTRIES[axis].get(n)))
+
+
+def combination(**chosen: str) -> Combination:
+    """These options, and each other axis' default."""
+    return tuple(chosen.get(axis, REGISTRIES[axis].default) for axis in OPTIONS)
+
+
+KERNEL = first("attention", lambda c: not c.forms_scores)  # an attention kind without a score matrix
+BIASED = first("pos", lambda c: c.score_bias)  # an encoding that adds to the scores
+PATCHES = first("pos", lambda c: c.image_only)  # an encoding of an image's patch grid
+SEQUENCE = first("kind", lambda c: c.form != IMAGE)  # a kind that reads token sequences
+OR = r"(?:\w+)(?: or \w+)*"
+# per rule: a combination and fields it refuses, and its message; the named groups are the fixes it offers
+REFUSED = {
+    "score_bias_needs_scores": (
+        combination(kind=SEQUENCE, attention=KERNEL, pos=BIASED), {},
+        rf"attention={KERNEL} never forms the score matrix Q K\^T, so pos={BIASED} \(an additive bias on the "
+        rf"scores\) has nothing to act on; choose pos=(?P<pos>{OR}), or attention=(?P<attention>{OR})$"),
+    "softcap_needs_scores": (
+        combination(attention=KERNEL), {"attn_softcap": 30.0},
+        rf"attn_softcap=30.0 caps the score matrix Q K\^T, which attention={KERNEL} never forms; leave attn_softcap "
+        rf"null or choose attention=(?P<attention>{OR})$"),
+    "patch_positions_need_images": (
+        combination(kind=SEQUENCE, pos=PATCHES), {},
+        rf"pos={PATCHES} places positions on an image's 2D patch grid and needs an image input: model "
+        rf"kind=(?P<kind>{OR}), not kind={SEQUENCE}; choose another pos for a token sequence$"),
+}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[rule.__name__ for rule in RULES])
+def test_each_rule_refuses_naming_the_fields_and_a_fix_that_works(rule):
+    assert set(REFUSED) == {r.__name__ for r in RULES}, "REFUSED holds one refused combination per rule"
+    refused, fields, message = REFUSED[rule.__name__]
+    with pytest.raises(ValueError, match=message) as error:
+        config(refused, **fields).validate()
+    with pytest.raises(ValueError, match=message):  # this rule itself, called on the classes
+        rule(choices(refused, **fields))
+    fixes = re.search(message, str(error.value)).groupdict()
+    assert fixes
+    for axis, options in fixes.items():
+        for option in options.split(" or "):  # each option the message offers is accepted
+            fixed = tuple({**named(refused), axis: option}.values())
+            config(fixed, **fields).validate()

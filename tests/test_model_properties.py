@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.variants.attention import capture_attention
+from archsweep.variants.attention.layers import capture_attention
 from archsweep.variants.cache import KVCache
 from archsweep.variants.norm import NORM
-from archsweep.variants.pos import POS, ALiBi, RelativeBias, Rotary
+from archsweep.variants.pos import POS
+from archsweep.variants.pos.alibi import ALiBi
+from archsweep.variants.pos.relative import RelativeBias
+from archsweep.variants.pos.rotary import Rotary
 
 # encodings of token sequences (an image-only one, sincos2d, is tested with the ViT in test_vit.py)
 SEQUENCE_POS = [p for p in POS.names() if not getattr(POS.get(p), "image_only", False)]

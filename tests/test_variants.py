@@ -9,11 +9,18 @@ import torch
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters
-from archsweep.variants.ffn import FFN, GatedFeedForward, gated_hidden_size
-from archsweep.variants.norm import DeepNorm, PostNorm, PreNorm, SandwichNorm, deepnorm_constants, make_norm
-from archsweep.variants.pos import ALiBi, LearnedPosition, RelativeBias, Rotary, Sinusoidal
-from archsweep.variants.pos.alibi import alibi_slopes
-from archsweep.variants.pos.relative import relative_bucket
+from archsweep.variants.ffn import FFN
+from archsweep.variants.ffn.base import GatedFeedForward, gated_hidden_size
+from archsweep.variants.norm.base import make_norm
+from archsweep.variants.norm.deepnorm import DeepNorm, deepnorm_constants
+from archsweep.variants.norm.post import PostNorm
+from archsweep.variants.norm.pre import PreNorm
+from archsweep.variants.norm.sandwich import SandwichNorm
+from archsweep.variants.pos.alibi import ALiBi, alibi_slopes
+from archsweep.variants.pos.learned import LearnedPosition
+from archsweep.variants.pos.relative import RelativeBias, relative_bucket
+from archsweep.variants.pos.rotary import Rotary
+from archsweep.variants.pos.sinusoidal import Sinusoidal
 
 
 def test_sinusoidal_table_matches_paper_formula():

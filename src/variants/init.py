@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from archsweep.variants.attention import CrossAttention, SelfAttention
+from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.embedding import LMHead, TokenEmbedding
 
 

@@ -1,4 +1,4 @@
-"""One registry per axis (`pos`, `norm`, `ffn`, `kind`), kept next to the family's base class.
+"""One registry per axis (`kind`, `norm`, `pos`, `ffn`, `attention`), kept next to the family's base class.
 
 A variant registers itself where it is defined, under the name its yaml file carries:
 
@@ -12,24 +12,22 @@ Its constructor is typed and takes no **kwargs. Parameters named like a structur
 its yaml or as a mapping: `{"name": "rotary", "base": 500.0}`. An unknown option fails with the valid ones.
 
 Every module in a family's package is imported when the registry is first asked (`discover`), so a new variant is
-one file and one yaml: nothing else names it. Until then nothing heavy is imported: a family package holds its
-registry and finds its classes on first access, so a config can be checked for its sizes before torch loads. A yaml
-may name its class instead, with Hydra's `_target_` (`_target_: my_module.XPos`): the module is imported, which
-registers the class, so variants can also live outside this package.
+one file and one yaml: nothing else names it. A family's package holds only its registry (importing it imports no
+torch); a class or function of the family is imported from the module that defines it
+(`from archsweep.variants.attention.layers import SelfAttention`). A yaml may name its class instead, with Hydra's
+`_target_` (`_target_: my_module.XPos`): the module is imported, which registers the class, so variants can also
+live outside this package.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import importlib
 import inspect
 import pkgutil
-import sys
 import types
 import typing
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -47,18 +45,6 @@ def discover(package: str) -> None:
     """Import every module of a family's package, so that each variant file registers itself."""
     for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
         importlib.import_module(f"{package}.{info.name}")
-
-
-def family_attribute(package: str, name: str) -> Any:
-    """Module `__getattr__` of a family package: its classes and functions, found in its modules once they are
-    imported, so that importing the package (and its registry) stays light (no torch)."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    discover(package)
-    for module_name, module in list(sys.modules.items()):
-        if module_name.startswith(package + ".") and hasattr(module, name):
-            return getattr(module, name)
-    raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
 
 def close_match(value: str, valid: list[str]) -> str:
@@ -100,17 +86,13 @@ def _parameters(cls: type) -> list[inspect.Parameter]:
 
 
 class Registry(Generic[T]):
-    """Option name -> class, for one axis. `package` is the family's package, imported on first use.
-
-    `rules` are the family's constraints across axes, each `rule(choices)` with `choices` a `Choices` view of the
-    whole config; they run before any variant is imported (on what the sources declare) and again after."""
+    """Option name -> class, for one axis. `package` is the family's package, imported on first use (the rules
+    across axes are in `archsweep.variants.rules`)."""
 
     def __init__(self, axis: str, package: str, default: str) -> None:
         self.axis, self.package, self.default = axis, package, default
         self._classes: dict[str, type[T]] = {}
         self._discovered = False
-        self._static: tuple[dict[str, str], dict[str, tuple[list[str], dict[str, Any]]]] | None = None
-        self.rules: list[Callable[[Choices], None]] = []
 
     def register(self, name: str):
         def add(cls: type[T]) -> type[T]:
@@ -212,60 +194,6 @@ class Registry(Generic[T]):
                             f"not provide here (it provides {', '.join(sorted(context))})")
         return cls(**{p: context[p] for p in structural}, **options)
 
-    def declared(self, value: Any, attribute: str) -> Any:
-        """A class attribute of the variant `value` (name or mapping), or None where unknown. From the class once
-        it is imported; before that, read from the family's sources without importing them (a literal assigned in
-        the class body or in a base class of the family), so a config can be checked before torch loads."""
-        name = self.static_name(value)
-        if self._discovered and name in self._classes:
-            return getattr(self._classes[name], attribute, None)
-        registered, classes = self._static_index()
-        cls = registered.get(name or "")
-        seen: set[str] = set()
-        while cls is not None and cls not in seen:
-            seen.add(cls)
-            bases, attrs = classes.get(cls, ([], {}))
-            if attribute in attrs:
-                return attrs[attribute]
-            cls = next((b for b in bases if b in classes), None)
-        return None
-
-    def static_name(self, value: Any) -> str | None:
-        """The option name of `value` without importing anything (None for a class outside the family)."""
-        if isinstance(value, str):
-            return value
-        if isinstance(value, Mapping):
-            if value.get("name") is not None:
-                return str(value["name"])
-            module, _, cls = str(value.get("_target_", "")).rpartition(".")
-            if module.startswith(self.package + "."):
-                return next((n for n, c in self._static_index()[0].items() if c == cls), None)
-        return None
-
-    def declared_names(self) -> list[str]:
-        """Option names registered in the family's sources (read, not imported)."""
-        return sorted(self._static_index()[0])
-
-    def _static_index(self) -> tuple[dict[str, str], dict[str, tuple[list[str], dict[str, Any]]]]:
-        """({registered name: class name}, {class name: (base names, literal class attributes)}) of the family."""
-        if self._static is None:
-            registered: dict[str, str] = {}
-            classes: dict[str, tuple[list[str], dict[str, Any]]] = {}
-            folders = list(importlib.import_module(self.package).__path__)
-            constants = {}  # the family's module-level literals (e.g. CAUSAL = "causal"), for `form = CAUSAL`
-            for folder in folders:
-                init = Path(folder) / "__init__.py"
-                if init.is_file():
-                    constants.update(_literals(ast.parse(init.read_text()).body, {}))
-            for folder in folders:
-                for path in sorted(Path(folder).glob("*.py")):
-                    for node in ast.parse(path.read_text()).body:
-                        if isinstance(node, ast.ClassDef):
-                            classes.setdefault(node.name, _class_facts(node, constants))
-                            registered.update({n: node.name for n in _registered_names(node)})
-            self._static = registered, classes
-        return self._static
-
     def _import(self, target: str) -> type[T]:
         module, _, attr = target.rpartition(".")
         try:
@@ -275,53 +203,3 @@ class Registry(Generic[T]):
                              f"path?") from None
         self.names()  # the built-in variants too, so name_of sees every class
         return cls
-
-
-def _registered_names(node: ast.ClassDef) -> list[str]:
-    """Names in `@<REGISTRY>.register("<name>")` decorators of a class."""
-    return [d.args[0].value for d in node.decorator_list
-            if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "register"
-            and d.args and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)]
-
-
-def _literals(body: list[ast.stmt], constants: Mapping[str, Any]) -> dict[str, Any]:
-    """Names assigned a literal (or a name in `constants`) in a module or class body."""
-    found: dict[str, Any] = {}
-    for item in body:
-        target = item.targets[0] if isinstance(item, ast.Assign) and len(item.targets) == 1 else \
-            item.target if isinstance(item, ast.AnnAssign) and item.value is not None else None
-        if not isinstance(target, ast.Name):
-            continue
-        if isinstance(item.value, ast.Name) and item.value.id in constants:
-            found[target.id] = constants[item.value.id]
-            continue
-        try:
-            found[target.id] = ast.literal_eval(item.value)
-        except (ValueError, TypeError, SyntaxError):
-            pass
-    return found
-
-
-def _class_facts(node: ast.ClassDef, constants: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    bases = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
-             if isinstance(b, (ast.Name, ast.Attribute))]
-    return bases, _literals(node.body, constants)
-
-
-class Choices:
-    """What a cross-axis rule sees: each axis' chosen option name and the attributes its variant declares (from
-    `classes` once they are resolved, else from the sources; None where unknown)."""
-
-    def __init__(self, values: Mapping[str, Any], registries: Mapping[str, Registry],
-                 classes: Mapping[str, type] | None = None) -> None:
-        self.values, self.registries, self.classes = values, registries, classes
-
-    def name(self, axis: str) -> str | None:
-        if self.classes is not None:
-            return self.registries[axis].name_of(self.classes[axis])
-        return self.registries[axis].static_name(self.values[axis])
-
-    def declared(self, axis: str, attribute: str) -> Any:
-        if self.classes is not None:
-            return getattr(self.classes[axis], attribute, None)
-        return self.registries[axis].declared(self.values[axis], attribute)

@@ -25,9 +25,9 @@ from archsweep.variants.attention.base import AttentionKernel
 from archsweep.variants.attention.layers import Attention, CrossAttention, SelfAttention
 from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
-from archsweep.variants.ffn import GatedFeedForward
+from archsweep.variants.ffn.base import GatedFeedForward
 from archsweep.variants.model import IMAGE, form_of
-from archsweep.variants.norm import Residual
+from archsweep.variants.norm.base import Residual
 from archsweep.variants.patches import PatchEmbedding
 
 Row = tuple[int, str, tuple[int, ...], str]  # indent, stage, shape, dimension names

@@ -26,7 +26,8 @@ from archsweep.variants.ffn import FFN
 from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops
 from archsweep.variants.init import init_weights
 from archsweep.variants.model import KIND
-from archsweep.variants.norm import NORM, make_norm
+from archsweep.variants.norm import NORM
+from archsweep.variants.norm.base import make_norm
 from archsweep.variants.pos import POS
 
 __all__ = ["ModelConfig", "build_model", "count_parameters", "flop_count", "flops_per_token", "match_d_ff",

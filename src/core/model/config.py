@@ -21,7 +21,8 @@ from archsweep.variants.ffn import FFN
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM, NORM_TYPES
 from archsweep.variants.pos import POS
-from archsweep.variants.registry import Choices, Registry, close_match
+from archsweep.variants.registry import Registry, close_match
+from archsweep.variants.rules import Choices, check_rules
 
 INITS = ("xavier", "gpt2")
 STRATEGIES = ("greedy", "beam", "sample")
@@ -156,30 +157,22 @@ class ModelConfig:
         self._check_heads()
         self._check_dropouts()
         self._check_stability()
-        self._check_rules(resolved=False)
         KIND.get(self.kind)
         for axis, registry in AXES.items():
             setattr(self, axis, registry.spec(getattr(self, axis)))
         self._check_kind_fields()
+        self._check_rules()
         sizes = self.sizes()
         self.variant("kind").check(sizes, {})
         for axis in AXES:
             self.variant(axis).check(sizes, self.options(axis))
-        self._check_rules(resolved=True)
-        if self.attn_softcap is not None and not self.variant("attention").forms_scores:
-            raise ValueError(f"attn_softcap={self.attn_softcap} caps the score matrix Q K^T, which "
-                             f"attention={self.choice('attention')} never forms; leave attn_softcap null or choose an "
-                             f"attention kind with softmax scores")
         return self
 
-    def _check_rules(self, resolved: bool) -> None:
-        """The families' rules across axes: before any variant is imported on what their sources declare (fast),
-        and once resolved on the classes themselves (variants from outside the package included)."""
-        classes = {axis: self.variant(axis) for axis in AXES} if resolved else None
-        choices = Choices({axis: getattr(self, axis) for axis in AXES}, AXES, classes)
-        for registry in AXES.values():
-            for rule in registry.rules:
-                rule(choices)
+    def _check_rules(self) -> None:
+        """The rules across axes (`archsweep.variants.rules`), on the chosen classes (variants from outside the
+        package included), before each variant checks its own sizes."""
+        axes = ["kind", *AXES]
+        check_rules(Choices({a: self.choice(a) for a in axes}, {a: self.variant(a) for a in axes}, self.sizes()))
 
     def _check_sizes(self) -> None:
         positive = ["vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "n_classes"]

@@ -25,7 +25,7 @@ from torch.utils.hooks import RemovableHandle
 from archsweep.core.data.codec import Codec
 from archsweep.core.eval.attention_maps import attention_figure, mean_entropy, parse_name, save_figure
 from archsweep.core.train.diagnostics import DiagnosticsConfig
-from archsweep.variants.attention import capture_attention
+from archsweep.variants.attention.layers import capture_attention
 from archsweep.variants.blocks import Stack
 
 log = logging.getLogger("train")

@@ -23,7 +23,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from archsweep.core.eval.attention_maps import parse_name, save_figure
 from archsweep.core.eval.image_maps import attention_overlay_figure, confusion_figure, patch_attention, to_display
-from archsweep.variants.attention import capture_attention
+from archsweep.variants.attention.layers import capture_attention
 
 TOP_K = 5
 

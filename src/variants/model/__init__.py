@@ -3,9 +3,7 @@ the data forms).
 
 A new kind is one file here with `@KIND.register("<name>")` on its class, and `conf/model/<name>.yaml`."""
 
-from typing import Any
-
-from archsweep.variants.registry import Registry, family_attribute
+from archsweep.variants.registry import Registry
 
 KIND: Registry = Registry("kind", __name__, default="encoder_decoder")
 
@@ -19,15 +17,10 @@ ALL_FORMS = (*FORMS, IMAGE)
 
 
 def form_of(kind: str) -> str:
-    """How the model kind named `kind` reads data (one of ALL_FORMS). Read from its source while the kinds are
-    not imported, so a task can check a kind before torch loads."""
-    return KIND.declared(kind, "form") or KIND.get(kind).form
+    """How the model kind named `kind` reads data (one of ALL_FORMS): its class's `form`."""
+    return KIND.get(kind).form
 
 
 def kinds_of(forms: tuple[str, ...]) -> list[str]:
     """The kinds that read data in one of `forms`."""
     return [k for k in KIND.names() if form_of(k) in forms]
-
-
-def __getattr__(name: str) -> Any:
-    return family_attribute(__name__, name)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from archsweep.variants.attention import CrossAttention, SelfAttention
+from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm.base import NormFactory, Residual, Sublayer
 

@@ -2,12 +2,6 @@
 
 A new encoding is one file here with `@POS.register("<name>")` on its class, and `conf/pos/<name>.yaml`."""
 
-from typing import Any
-
-from archsweep.variants.registry import Registry, family_attribute
+from archsweep.variants.registry import Registry
 
 POS: Registry = Registry("pos", __name__, default="sinusoidal")
-
-
-def __getattr__(name: str) -> Any:
-    return family_attribute(__name__, name)

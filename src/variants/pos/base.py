@@ -27,6 +27,7 @@ class PositionalEncoding(nn.Module):
     max_len: int | None = None  # longest sequence supported, None = unbounded
     trace_label: ClassVar[str | None] = None  # shape trace: what `embed` adds (None: acts inside attention)
     score_bias: ClassVar[bool] = False  # True where `attn_bias` or `content_bias` adds to the scores (Q K^T needed)
+    image_only: ClassVar[bool] = False  # True where it acts on an image's patch grid (refused for token sequences)
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:

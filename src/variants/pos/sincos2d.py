@@ -8,12 +8,11 @@ tokens before them (the class token) get no position, as in the paper's code."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from archsweep.variants.model import IMAGE, kinds_of
 from archsweep.variants.patches import patch_grid
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
@@ -32,7 +31,7 @@ def sincos2d_table(rows: int, cols: int, d_model: int, temperature: float = 1000
 @POS.register("sincos2d")
 class SinCos2D(PositionalEncoding):
     trace_label = "+ 2D sine-cosine positions (patches)"
-    image_only: ClassVar[bool] = True  # acts on an image's patch grid: refused for token-sequence kinds
+    image_only = True  # acts on an image's patch grid: refused for token-sequence kinds (archsweep.variants.rules)
 
     def __init__(self, d_model: int, image_size: int | list[int] | None, patch_size: int,
                  temperature: float = 10000.0) -> None:
@@ -42,10 +41,6 @@ class SinCos2D(PositionalEncoding):
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
-        if sizes["image_size"] is None:
-            raise ValueError(f"pos=sincos2d places positions on an image's 2D patch grid and needs an image "
-                             f"input: model kind={' or '.join(kinds_of((IMAGE,)))}, not kind={sizes['kind']}; "
-                             f"choose another pos for a token sequence")
         if sizes["d_model"] % 4:
             raise ValueError(f"pos=sincos2d splits d_model into four quarters (sin and cos of column and row), but "
                              f"d_model={sizes['d_model']} is not a multiple of 4")

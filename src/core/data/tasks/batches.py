@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from archsweep.core.data.tasks.base import IGNORE_INDEX
-from archsweep.variants.model import pack_prefix_lm
+from archsweep.variants.model.decoder_only import pack_prefix_lm
 
 Batch = dict[str, Any]
 
