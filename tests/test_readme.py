@@ -93,6 +93,13 @@ def test_relative_links_resolve(page):
     assert not broken, f"{page_id(page)}: broken links:\n" + "\n".join(broken)
 
 
+def test_every_figure_in_docs_is_shown_by_a_page():
+    shown = {(page.parent / target).resolve() for page in PAGES
+             for target in re.findall(r"!\[[^\]]*\]\(([^)\s#]+)\)", prose(page.read_text()))}
+    unused = [p.name for p in sorted((ROOT / "docs").glob("*.png")) if p.resolve() not in shown]
+    assert not unused, f"figures in docs/ that no page shows: {unused}"
+
+
 PAGES_WITH_TOC = [p for p in PAGES if "<!-- toc -->" in p.read_text()]
 
 
