@@ -3,6 +3,7 @@ Options are found by globbing conf/, so a new yaml file is tested without touchi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import lightning as L
@@ -11,14 +12,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
+from archsweep.core.train.diagnostics import DiagnosticsConfig
 from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.loggers import make_loggers
 from archsweep.core.train.optim import make_optimizer, make_scheduler
+from archsweep.core.train.schemas import SCHEMAS, BudgetSchema, EvalSchema, typed
+from archsweep.core.train.setup import ConfigError
 from archsweep.variants.model import IMAGE, form_of, kinds_of
 from archsweep.variants.pos import POS
 
@@ -166,3 +171,62 @@ def test_logger_option_makes_loggers(choice, tmp_path, monkeypatch):
     assert isinstance(loggers[0], L.pytorch.loggers.CSVLogger)  # the local metrics file, whatever the choice
     expected = {"wandb": ["WandbLogger"], "tensorboard": ["TensorBoardLogger"]}.get(cfg.logger.name, [])
     assert kinds[1:] == expected
+
+
+SCHEMA_GROUPS = ("optim", "schedule", "decoding", "trainer")  # groups whose options name a schema (schemas.py)
+
+
+@pytest.mark.parametrize("choice", options(*SCHEMA_GROUPS))
+def test_every_option_of_a_schema_group_composes_against_its_schema(choice):
+    group, option = choice.split("=")
+    node = compose_train(choice)[group]
+    schema = OmegaConf.get_type(node)
+    assert schema in SCHEMAS.values(), f"conf/{group}/{option}.yaml names no schema in its defaults list"
+    settings = typed(node, group)
+    assert isinstance(settings, schema)
+    yaml_keys = set(OmegaConf.load(CONF / group / f"{option}.yaml")) - {"defaults"}
+    assert yaml_keys <= {f.name for f in dataclasses.fields(schema)}
+
+
+@pytest.mark.parametrize("block,schema", [("eval", EvalSchema), ("budget", BudgetSchema),
+                                          ("diagnostics", DiagnosticsConfig)])
+def test_train_yaml_blocks_compose_against_their_schemas(block, schema):
+    node = compose_train()[block]
+    assert OmegaConf.get_type(node) is schema and isinstance(typed(node, block), schema)
+
+
+@pytest.mark.parametrize("override,key", [("optim.lr=abc", "optim.lr"),
+                                          ("schedule.warmup_steps=x", "schedule.warmup_steps"),
+                                          ("decoding.beam_size=x", "decoding.beam_size"),
+                                          ("eval.decode_samples=all", "eval.decode_samples"),
+                                          ("budget.flops=lots", "budget.flops")])
+def test_a_value_of_the_wrong_type_is_refused_while_composing(override, key):
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_train(override)
+    assert f"full_key: {key}" in str(caught.value.__cause__)
+
+
+def test_a_key_the_schema_lacks_in_an_option_yaml_is_refused(tmp_path):
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "typo.yaml").write_text("defaults:\n  - /schema_optim_adamw@_here_\n  - _self_\n\n"
+                                                  "_target_: archsweep.core.train.optim.adamw\nname: adamw\n"
+                                                  "lr: 1.0e-3\nbetas: [0.9, 0.98]\neps: 1.0e-9\nweight_decay: 0.0\n"
+                                                  "weight_decy: 0.1\n")
+    with pytest.raises(ConfigCompositionException, match="weight_decy") as caught:
+        compose_train(f"hydra.searchpath=[file://{tmp_path}]", "optim=typo")
+    assert "Key 'weight_decy' not in 'AdamWSchema'" in str(caught.value.__cause__ or caught.value)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("schedule.warmup_steps=-1", r"schedule.warmup_steps=-1 must be a number of optimiser steps >= 0"),
+    ("optim.lr=0", r"optim.lr=0.0 must be a positive learning rate"),
+    ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers in \[0, 1\)"),
+    ("decoding.top_p=0", r"decoding.top_p=0.0 must be in \(0, 1\]"),
+    ("eval.decode_samples=-1", r"eval.decode_samples=-1 must be a number of examples >= 0"),
+    ("optim.name=muon", r"optim.name='muon' does not choose the optim: this is the adamw option; choose another "
+                        r"with optim=<option>"),
+])
+def test_a_value_out_of_range_is_refused_by_its_schema_naming_the_field(override, message):
+    cfg = compose_train(override)
+    with pytest.raises(ConfigError, match=message):
+        check_training(cfg)
