@@ -230,3 +230,19 @@ def test_a_value_out_of_range_is_refused_by_its_schema_naming_the_field(override
     cfg = compose_train(override)
     with pytest.raises(ConfigError, match=message):
         check_training(cfg)
+
+
+@pytest.mark.parametrize("choice", options("model"))
+def test_a_model_kind_yaml_holds_only_what_differs_from_the_shared_fields(choice):
+    """conf/model_common.yaml holds the fields every kind has; a kind's yaml names it and sets only its own fields
+    and the values it changes, so the shared defaults are written once."""
+    kind = choice.split("=")[1]
+    raw = OmegaConf.load(CONF / "model" / f"{kind}.yaml")
+    own = raw.get("model", raw)  # a kind that chooses its own axis defaults is a _global_ yaml
+    common = OmegaConf.load(CONF / "model_common.yaml")
+    assert any("/model_common@" in str(d) for d in raw.defaults)
+    repeated = [k for k in own if k != "kind" and k in common and own[k] == common[k]]
+    assert not repeated, f"conf/model/{kind}.yaml repeats the shared {repeated}"
+    model = compose_train(choice, *(["task=digits"] if needs_images(choice) else []))["model"]
+    assert set(common) <= set(model) and model.kind == kind
+    assert all(model[k] == (own[k] if k in own else common[k]) for k in common)
