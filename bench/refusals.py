@@ -1,5 +1,7 @@
-"""How long train.py and evaluate.py take to refuse each bad input of issue 15 (wall time of the whole process,
-from launch to exit), with the first line of each message.
+"""How long train.py and evaluate.py take to refuse each bad input of issue 15 and of the config schemas (wall time
+of the whole process, from launch to exit), with the first line of each message: `error: ...` from train.py, or
+Hydra's own (a value of the wrong type is refused while composing; its message names the key on a later line,
+`full_key: ...`, shown here after the first).
 
     python bench/refusals.py            # each case once, after one warm-up launch
     python bench/refusals.py --repeat 3 # the best of three
@@ -22,13 +24,15 @@ TRAIN_CASES = [
     ["trainer=ddp", "trainer.devices=4", "task.val_batches=2"],
     ["trainer.max_steps=100", "schedule.warmup_steps=500", "trainer.precision=8-mixed"],  # warning, then a refusal
     ["output_root={tmp}/a-file"], ["ckpt_path={tmp}/not-a.ckpt"], ["hydra.run.dir={tmp}/finished"],
+    ["optim.lr=abc"], ["schedule.warmup_steps=-1"], ["decoding.beam_size=x"],  # the config schemas
 ]
 
 
 def timed(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, str]:
     start = time.perf_counter()
     out = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    lines = [line for line in out.stderr.splitlines() if line.startswith("error:") or "WARNING" in line]
+    lines = [line.strip() for line in out.stderr.splitlines() if line.startswith(("error:", "Error merging"))
+             or "WARNING" in line or "full_key:" in line or "could not be converted" in line]
     return time.perf_counter() - start, out.returncode, " / ".join(lines)[:150]
 
 
