@@ -223,8 +223,6 @@ def test_a_key_the_schema_lacks_in_an_option_yaml_is_refused(tmp_path):
     ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers in \[0, 1\)"),
     ("decoding.top_p=0", r"decoding.top_p=0.0 must be in \(0, 1\]"),
     ("eval.decode_samples=-1", r"eval.decode_samples=-1 must be a number of examples >= 0"),
-    ("optim.name=muon", r"optim.name='muon' does not choose the optim: this is the adamw option; choose another "
-                        r"with optim=<option>"),
 ])
 def test_a_value_out_of_range_is_refused_by_its_schema_naming_the_field(override, message):
     cfg = compose_train(override)

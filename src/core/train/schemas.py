@@ -38,13 +38,6 @@ def _show(value: Any) -> str:
     return str(list(value)) if isinstance(value, (list, tuple)) else repr(value)
 
 
-def check_option_name(group: str, name: str, option: str) -> None:
-    """`name` is the option's label (W&B tags, results.json); the implementation is the yaml's `_target_`."""
-    if name != option:
-        refuse(f"{group}.name", name, f"does not choose the {group}: this is the {option} option; choose another "
-                                      f"with {group}=<option> (conf/{group}/)")
-
-
 def check_adam_part(lr_key: str, lr: float, betas: list[float], eps: float, weight_decay: float) -> None:
     if not lr > 0:
         refuse(lr_key, lr, "must be a positive learning rate, e.g. 2e-3")
@@ -62,7 +55,7 @@ class AdamWSchema:
 
     _target_: str = MISSING  # a function (model, lr, ...) -> optimiser; `_partial_`: the model comes at build time
     _partial_: bool = True
-    name: str = MISSING
+    name: str = MISSING  # the option's label (results.json, compare); `_target_` chooses the implementation
     lr: float = MISSING
     betas: list[float] = MISSING
     eps: float = MISSING
@@ -70,7 +63,6 @@ class AdamWSchema:
     decay_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        check_option_name("optim", self.name, "adamw")
         check_adam_part("optim.lr", self.lr, self.betas, self.eps, self.weight_decay)
 
 
@@ -94,7 +86,6 @@ class MuonSchema:
     decay_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        check_option_name("optim", self.name, "muon")
         if not self.lr > 0:
             refuse("optim.lr", self.lr, "must be a positive learning rate (Muon's reference: 0.02)")
         check_adam_part("optim.adamw_lr", self.adamw_lr, self.betas, self.eps, self.weight_decay)
@@ -112,6 +103,12 @@ class MuonSchema:
                                                   f"rows/cols)^0.5, moonlight = 0.2 sqrt(max(rows, cols))")
 
 
+def check_warmup_steps(warmup_steps: int) -> None:
+    if warmup_steps < 0:
+        refuse("schedule.warmup_steps", warmup_steps, "must be a number of optimiser steps >= 0 (0: no warm-up), "
+                                                      "e.g. schedule.warmup_steps=200")
+
+
 @dataclass
 class WarmupSchema:
     """conf/schedule/noam.yaml and constant.yaml: a linear warm-up, then the schedule's own shape."""
@@ -122,9 +119,7 @@ class WarmupSchema:
     warmup_steps: int = MISSING
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 0:
-            refuse("schedule.warmup_steps", self.warmup_steps, "must be a number of optimiser steps >= 0 (0: no "
-                                                               "warm-up), e.g. schedule.warmup_steps=200")
+        check_warmup_steps(self.warmup_steps)
 
 
 @dataclass
@@ -139,7 +134,7 @@ class CosineSchema:
     min_lr_ratio: float = MISSING
 
     def __post_init__(self) -> None:
-        WarmupSchema.__post_init__(self)  # type: ignore[arg-type]  (the same warm-up rule)
+        check_warmup_steps(self.warmup_steps)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             refuse("schedule.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]: the floor of the cosine as a "
                                                                "fraction of optim.lr (0.1 is usual)")
