@@ -244,3 +244,30 @@ def test_a_model_kind_yaml_holds_only_what_differs_from_the_shared_fields(choice
     model = compose_train(choice, *(["task=digits"] if needs_images(choice) else []))["model"]
     assert set(common) <= set(model) and model.kind == kind
     assert all(model[k] == (own[k] if k in own else common[k]) for k in common)
+
+
+def schedule_reference(option: str, step: int, warmup: int, total: int, floor: float) -> float:
+    """The factor on optim.lr after `step` optimiser steps (0-based), written from the definitions: a linear
+    warm-up to 1, then the 2017 paper's inverse square root normalised to 1 at the warm-up's end (noam), a cosine
+    to `floor` at `total` (cosine), or 1 (constant)."""
+    t = step + 1
+    if t < warmup:
+        return t / warmup
+    if option == "noam":
+        return (warmup / t) ** 0.5
+    if option == "cosine":
+        return floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * min((t - warmup) / (total - warmup), 1.0)))
+    return 1.0
+
+
+@pytest.mark.parametrize("choice", options("schedule"))
+def test_each_schedule_follows_its_definition(choice):
+    cfg = compose_train(choice, "schedule.warmup_steps=5", "trainer.max_steps=30")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = make_scheduler(optimizer, OmegaConf.to_container(cfg.schedule, resolve=True))
+    option = choice.split("=")[1]
+    for step in range(40):  # past total_steps: the cosine holds its floor
+        expected = schedule_reference(option, step, 5, 30, cfg.schedule.get("min_lr_ratio", 0.0))
+        assert scheduler.get_last_lr()[0] == pytest.approx(expected), step
+        optimizer.step()
+        scheduler.step()
