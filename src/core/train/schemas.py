@@ -2,9 +2,10 @@
 wrong type, or a key the schema lacks, is refused while the config is composed, with the key named (Hydra's
 "Value 'abc' of type 'str' could not be converted to Float / full_key: optim.lr").
 
-Each option yaml names its schema first in its defaults list (`defaults: [schema_optim_adamw, _self_]` with a
-leading `/`); the blocks of train.yaml (`eval`, `budget`, `diagnostics`) name theirs in train.yaml's defaults. A
-schema holds the types; the yaml holds the values (fields it must set are `MISSING`). Rules on one field's range
+Each option yaml names its schema first in its defaults list (`- /schema_optim_adamw@_here_`, then `- _self_`);
+the blocks of train.yaml (`eval`, `budget`, `diagnostics`) name theirs in train.yaml's defaults
+(`- /schema_eval@eval`). A schema holds the types; the yaml holds the values (fields it must set are `MISSING`;
+DecodingConfig and DiagnosticsConfig keep their defaults, which code that builds them directly uses). Rules on one field's range
 or on fields of one group live in the schema's `__post_init__`, which runs when `check_schemas` turns each group
 into its dataclass (`OmegaConf.to_object`), right after composing and before any heavy import. Rules across groups
 are in `rules.py`.
@@ -230,11 +231,11 @@ class BudgetSchema:
 class EvalSchema:
     """train.yaml's `eval:` block."""
 
-    decode_samples: int = 64
-    show_examples: int = 3
-    context_lengths: list[int] | None = None
-    stride: int | None = None
-    context_tokens: int | None = 32768
+    decode_samples: int = MISSING
+    show_examples: int = MISSING
+    context_lengths: list[int] | None = MISSING
+    stride: int | None = MISSING
+    context_tokens: int | None = MISSING
 
     def __post_init__(self) -> None:
         for name in ("decode_samples", "show_examples"):
