@@ -271,3 +271,13 @@ def test_each_schedule_follows_its_definition(choice):
         assert scheduler.get_last_lr()[0] == pytest.approx(expected), step
         optimizer.step()
         scheduler.step()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("eval.context_lengths=[0]", r"eval.context_lengths=\[0\] must be a non-empty list of positive token counts"),
+    ("eval.stride=0", r"eval.stride=0 must be a positive number of tokens"),
+])
+def test_context_settings_are_refused_by_the_rule_evaluate_py_uses(override, message):
+    cfg = compose_train("eval.context_lengths=[8,16]", override)
+    with pytest.raises(ConfigError, match=message):
+        check_training(cfg)

@@ -5,10 +5,10 @@ wrong type, or a key the schema lacks, is refused while the config is composed, 
 Each option yaml names its schema first in its defaults list (`- /schema_optim_adamw@_here_`, then `- _self_`);
 the blocks of train.yaml (`eval`, `budget`, `diagnostics`) name theirs in train.yaml's defaults
 (`- /schema_eval@eval`). A schema holds the types; the yaml holds the values (fields it must set are `MISSING`;
-DecodingConfig and DiagnosticsConfig keep their defaults, which code that builds them directly uses). Rules on one field's range
-or on fields of one group live in the schema's `__post_init__`, which runs when `check_schemas` turns each group
-into its dataclass (`OmegaConf.to_object`), right after composing and before any heavy import. Rules across groups
-are in `rules.py`.
+DecodingConfig and DiagnosticsConfig keep their defaults, which code that builds them directly uses). Rules on one
+field's range or on fields of one group live in the schema's `__post_init__`, which runs when `check_schemas`
+turns each group into its dataclass (`OmegaConf.to_object`), right after composing and before any heavy import.
+Rules across groups are in `rules.py`.
 
 Importing this module registers the schemas (cli.py and tests/conftest.py do, before composing). Light: no torch,
 Lightning or wandb.
@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from archsweep.core.eval.context import check_lengths
 from archsweep.core.model.config import DecodingConfig
 from archsweep.core.train.diagnostics import DiagnosticsConfig
 
@@ -241,12 +242,8 @@ class EvalSchema:
         for name in ("decode_samples", "show_examples"):
             if getattr(self, name) < 0:
                 refuse(f"eval.{name}", getattr(self, name), "must be a number of examples >= 0 (0: none)")
-        if self.context_lengths is not None and (not self.context_lengths or min(self.context_lengths) < 1):
-            refuse("eval.context_lengths", self.context_lengths, "must be a non-empty list of positive token counts, "
-                                                                 "e.g. [64,128,256]")
-        if self.stride is not None and self.stride < 1:
-            refuse("eval.stride", self.stride, "must be a positive number of tokens (or null: non-overlapping "
-                                               "windows only)")
+        if self.context_lengths is not None:
+            check_lengths(self.context_lengths, self.stride)  # evaluate.py's rule too
         if self.context_tokens is not None and self.context_tokens < 1:
             refuse("eval.context_tokens", self.context_tokens, "must be a positive number of tokens, or null: all")
 
