@@ -281,3 +281,20 @@ def test_context_settings_are_refused_by_the_rule_evaluate_py_uses(override, mes
     cfg = compose_train("eval.context_lengths=[8,16]", override)
     with pytest.raises(ConfigError, match=message):
         check_training(cfg)
+
+
+def test_an_optimiser_of_ones_own_is_a_yaml_with_a_target(tmp_path):
+    """One convention: an option is chosen by its yaml's `_target_`; an option without a schema composes untyped
+    and is built all the same (its target refuses what it does not take)."""
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "adamw_no_decay.yaml").write_text(
+        "_target_: archsweep.core.train.optim.adamw\n_partial_: true\nname: adamw_no_decay\nlr: 1.0e-3\n"
+        "betas: [0.9, 0.95]\neps: 1.0e-8\nweight_decay: 0.0\n")
+    cfg = compose_train(f"hydra.searchpath=[file://{tmp_path}]", "optim=adamw_no_decay", *TINY)
+    assert typed(cfg.optim, "optim") == OmegaConf.to_container(cfg.optim)  # no schema: a plain dict
+    check_training(cfg)
+    optimizer = make_optimizer(build_model(model_config(cfg, build_task(cfg))), OmegaConf.to_container(cfg.optim))
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.95)
+    with pytest.raises(Exception, match="momentum"):  # a setting the target does not take
+        make_optimizer(build_model(model_config(cfg, build_task(cfg))),
+                       {**OmegaConf.to_container(cfg.optim), "momentum": 0.9})
