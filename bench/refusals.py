@@ -1,6 +1,8 @@
-"""How long train.py and evaluate.py take to refuse each bad input of issue 15 and each of the model's rules across
-axes (wall time of the whole process, from launch to exit, and the CPU time it used, which a busy machine
-does not inflate), with the first line of each message.
+"""How long train.py and evaluate.py take to refuse each bad input of issue 15, of the config schemas and each of
+the model's rules across axes (wall time of the whole process, from launch to exit, and the CPU time it used, which a
+busy machine does not inflate), with the first line of each message: `error: ...` from train.py, or Hydra's own (a
+value of the wrong type is refused while composing; its message names the key on a later line, `full_key: ...`,
+shown here after the first).
 
     python bench/refusals.py            # each case once, after one warm-up launch
     python bench/refusals.py --repeat 3 # the best of three
@@ -27,6 +29,7 @@ TRAIN_CASES = [
     # the model's rules across axes, checked on the variants' classes (so after torch is imported)
     ["attention=performer", "pos=alibi"], ["model=decoder_only", "pos=sincos2d"],
     ["attention=linear", "model.attn_softcap=50"],
+    ["optim.lr=abc"], ["schedule.warmup_steps=-1"], ["decoding.beam_size=x"],  # the config schemas
 ]
 
 
@@ -39,7 +42,8 @@ def timed(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float
     """(wall seconds, CPU seconds, exit code, message) of one launch."""
     start, cpu = time.perf_counter(), cpu_of_children()
     out = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    lines = [line for line in out.stderr.splitlines() if line.startswith("error:") or "WARNING" in line]
+    lines = [line.strip() for line in out.stderr.splitlines() if line.startswith(("error:", "Error merging"))
+             or "WARNING" in line or "full_key:" in line or "could not be converted" in line]
     return time.perf_counter() - start, cpu_of_children() - cpu, out.returncode, " / ".join(lines)[:150]
 
 

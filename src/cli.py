@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from archsweep import conf_dir  # noqa: E402
 from archsweep.core.data.tasks.known import EXTRA_CONF_ENV  # noqa: E402  (more config folders, e.g. your variants)
-from archsweep.core.train import rundir  # noqa: E402, F401  (registers ${unique:} for the run directory names)
+from archsweep.core.train import rundir, schemas  # noqa: E402, F401  (register ${unique:}, the groups' schemas)
 
 CONF = str(conf_dir())
 

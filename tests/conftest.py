@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+import archsweep.core.train.schemas  # noqa: F401  (registers the config groups' schemas, which the yaml files name)
+
 # module -> its slow tests by function name (every parametrisation), or "*" for the whole module
 SLOW = {
     "test_model_learning.py": "*",  # learning tests: tiny models overfit a batch

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from hydra.errors import ConfigCompositionException
 from wandb_reader import read_run
 
 from archsweep.core.model.build import build_model, flops_per_token
 from archsweep.core.train import compute
 from archsweep.core.train.job import ConfigError, apply_budget, build_task, model_config
+from archsweep.core.train.schemas import check_schemas
 from archsweep.variants.flops import TRAIN_FACTOR, forward_flops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,19 +88,15 @@ def test_budget_tokens_counts_accumulation_and_processes():
     assert cfg.trainer.max_steps == round(96000 / (12 * 64 * 2 * 2))
 
 
-@pytest.mark.parametrize("budget", ["budget.flops=0", "budget.tokens=abc"])
-def test_bad_budgets_are_refused(budget):
-    cfg, task, model_cfg = solved(*LM, budget)
-    with pytest.raises(ConfigError, match="must be a positive number"):
-        apply_budget(cfg, model_cfg, task)
-
-
-def test_both_budgets_are_refused():
-    cfg, task, model_cfg = solved(*LM)
-    with open_dict(cfg):
-        cfg.budget.flops, cfg.budget.tokens = 1e12, 1e6
-    with pytest.raises(ConfigError, match="both set"):
-        apply_budget(cfg, model_cfg, task)
+def test_bad_budgets_are_refused():
+    """budget: a schema (archsweep.core.train.schemas): the type while composing, the rules right after."""
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_train(*LM, "budget.tokens=abc")
+    assert "full_key: budget.tokens" in str(caught.value.__cause__)
+    with pytest.raises(ValueError, match=r"budget.flops=0.0 must be a positive number"):
+        check_schemas(compose_train(*LM, "budget.flops=0"))
+    with pytest.raises(ValueError, match="budget.flops and budget.tokens both set"):
+        check_schemas(compose_train(*LM, "budget.flops=1e12", "budget.tokens=1e6"))
 
 
 def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path, monkeypatch):

@@ -164,15 +164,20 @@ def test_generation_stops_at_end_token_and_pads_after_it():
     assert out.tokens.shape == (2, 1, 1) and (out.tokens == EOS).all() and (out.lengths == 1).all()
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (DecodingConfig(strategy="nucleus"), r"decoding.strategy='nucleus' is not a known option; valid options: greedy"),
-    (DecodingConfig(max_new_tokens=0), r"decoding.max_new_tokens=0 must be at least 1"),
-    (DecodingConfig("beam", beam_size=2, n_best=3), r"decoding.n_best=3 must be between 1 and beam_size"),
-    (DecodingConfig("sample", temperature=0.0), r"decoding.temperature=0.0 must be positive"),
-    (DecodingConfig("sample", top_p=0.0), r"decoding.top_p=0.0 must be in \(0, 1\]"),
-    (DecodingConfig("sample", top_k=-1), r"decoding.top_k=-1 must be >= 0"),
+@pytest.mark.parametrize("settings, message", [
+    ({"strategy": "nucleus"}, r"decoding.strategy='nucleus' is not a known option; valid options: greedy"),
+    ({"max_new_tokens": 0}, r"decoding.max_new_tokens=0 must be at least 1"),
+    ({"strategy": "beam", "beam_size": 2, "n_best": 3}, r"decoding.n_best=3 must be between 1 and beam_size"),
+    ({"strategy": "sample", "temperature": 0.0}, r"decoding.temperature=0.0 must be positive"),
+    ({"strategy": "sample", "top_p": 0.0}, r"decoding.top_p=0.0 must be in \(0, 1\]"),
+    ({"strategy": "sample", "top_k": -1}, r"decoding.top_k=-1 must be >= 0"),
 ])
-def test_invalid_decoding_settings_are_refused(cfg, message):
+def test_invalid_decoding_settings_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        DecodingConfig(**settings)
+    cfg = DecodingConfig()  # changed after it was made: generate checks again
+    for key, value in settings.items():
+        setattr(cfg, key, value)
     with pytest.raises(ValueError, match=message):
         run(tiny("decoder_only"), cfg)
 
@@ -255,3 +260,21 @@ def test_direct_module_calls_change_nothing_and_hooks_turn_them_off(kind, strate
     with pytest.raises(RuntimeError, match="inside"), direct_calls(model):
         raise RuntimeError("inside")
     assert type(block) is Block
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "decoding").glob("*.yaml")))
+def test_an_evaluation_file_is_named_by_the_settings_that_differ_from_the_option(option):
+    """evaluate.py's <ckpt>.eval-<setting>.json: the composed group holds the schema's defaults too, which are
+    not differences."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from archsweep.core.eval.inference import setting_name
+
+    def name(*overrides: str) -> str:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("evaluate", overrides=["ckpt=x", f"decoding={option}", *overrides])
+        return setting_name(OmegaConf.to_container(cfg.decoding, resolve=True), cfg.decode_limit)
+
+    assert name() == option
+    assert name("decoding.max_new_tokens=9", "decode_limit=5") == f"{option}-max_new_tokens9-limit5"

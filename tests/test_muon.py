@@ -5,19 +5,31 @@ checkpoint state, and the refusals of bad settings."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.checks import MUON_NS_DTYPES, MUON_SCALINGS, check_optimiser
-from archsweep.core.train.muon import NS_DTYPES, SCALINGS, Muon, newton_schulz
+from archsweep.core.train.muon import Muon, newton_schulz
 from archsweep.core.train.optim import make_optimizer
+from archsweep.core.train.schemas import MUON_NS_DTYPES, MUON_SCALINGS, MuonSchema, typed
 
 A, B, C = 3.4445, -4.7750, 2.0315
-MUON = OmegaConf.to_container(OmegaConf.load("conf/optim/muon.yaml"))
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_muon(*overrides: str):
+    """train.yaml's `optim` group with optim=muon, composed against its schema."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=["optim=muon", *overrides]).optim
+
+
+MUON = OmegaConf.to_container(compose_muon())
 
 
 @pytest.mark.parametrize("shape", [(128, 64), (192, 64), (64, 256), (7, 300), (300, 7)])
@@ -184,21 +196,40 @@ def test_state_dict_round_trips_and_resumes_the_same_trajectory():
         torch.testing.assert_close(q, p, msg=name)
 
 
-def test_muon_refuses_a_vector_and_checks_name_the_same_choices():
+def test_muon_refuses_a_vector():
     with pytest.raises(ValueError, match="2-D weight matrices only"):
         Muon([{"params": [nn.Parameter(torch.zeros(3))], "muon": True}], lr=0.1)
-    assert MUON_SCALINGS == SCALINGS and MUON_NS_DTYPES == tuple(NS_DTYPES)
+
+
+@pytest.mark.parametrize("scaling", MUON_SCALINGS)
+@pytest.mark.parametrize("ns_dtype", MUON_NS_DTYPES)
+def test_every_setting_the_schema_allows_takes_a_step(scaling, ns_dtype):
+    """The schema's names are the ones Muon implements: each builds and moves the hidden matrices."""
+    model = tiny()
+    opt = make_optimizer(model, OmegaConf.to_container(compose_muon(f"optim.scaling={scaling}",
+                                                                    f"optim.ns_dtype={ns_dtype}")))
+    hidden = [p for g in opt.param_groups if g["muon"] for p in g["params"]]
+    before = [p.detach().clone() for p in hidden]
+    batch_loss(model, torch.randint(0, 17, (2, 6))).backward()
+    opt.step()
+    assert all(torch.isfinite(p).all() and not torch.equal(p, b) for p, b in zip(hidden, before, strict=True))
 
 
 @pytest.mark.parametrize("key, value, match", [
     ("momentum", 1.0, r"optim.momentum=1.0 must be a number in \[0, 1\)"),
-    ("nesterov", "yes", "optim.nesterov='yes' must be true or false"),
     ("ns_steps", 0, "optim.ns_steps=0 must be a positive whole number"),
     ("ns_dtype", "float16", "optim.ns_dtype='float16' must be one of float32, bfloat16"),
     ("scaling", "spectral", "optim.scaling='spectral' must be one of reference, moonlight"),
     ("adamw_lr", 0.0, "optim.adamw_lr=0.0 must be a positive learning rate"),
 ])
 def test_bad_muon_settings_are_refused(key, value, match):
-    check_optimiser(OmegaConf.create(MUON))  # the shipped settings pass
+    assert isinstance(typed(compose_muon(), "optim"), MuonSchema)  # the shipped settings pass
     with pytest.raises(ValueError, match=match):
-        check_optimiser(OmegaConf.create({**MUON, key: value}))
+        typed(compose_muon(f"optim.{key}={value}"), "optim")
+
+
+@pytest.mark.parametrize("key, value", [("nesterov", "maybe"), ("ns_steps", "five"), ("momentum", "high")])
+def test_a_value_of_the_wrong_type_is_refused_when_composing(key, value):
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_muon(f"optim.{key}={value}")
+    assert f"full_key: optim.{key}" in str(caught.value.__cause__)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
+from test_muon import MUON  # conf/optim/muon.yaml, composed against its schema
 from test_train_e2e import TINY, results, train, train_losses
 from torch import nn
 
@@ -19,7 +19,6 @@ from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.train.optim import make_optimizer
 
 pytestmark = pytest.mark.slow  # processes, train.py subprocesses, compilation
-MUON = OmegaConf.to_container(OmegaConf.load("conf/optim/muon.yaml"))
 
 
 def tiny() -> nn.Module:

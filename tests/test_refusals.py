@@ -1,7 +1,8 @@
 """Bad input refused before training, naming the field (or file) and the fix (issue 15): seeds, optimiser and
-trainer settings, a machine without the asked-for GPU, output directories that cannot be written, files that
-are not checkpoints, data-parallel validation with too few batches; evaluate.py's model and task overrides; a
-full disk while writing a checkpoint. bench/refusals.py prints how long each refusal takes."""
+trainer settings (a value of the wrong type by Hydra while composing, against the groups' schemas), a machine
+without the asked-for GPU, output directories that cannot be written, files that are not checkpoints,
+data-parallel validation with too few batches; evaluate.py's model and task overrides; a full disk while writing
+a checkpoint. bench/refusals.py prints how long each refusal takes."""
 
 from __future__ import annotations
 
@@ -28,17 +29,39 @@ def run(script: str, *args: str, extra_env: dict[str, str] | None = None, cwd: P
 
 
 REFUSED = [
-    (["seed=abc"], r"seed='abc' must be a whole number from 0 to 4294967295"),
-    (["seed=-1"], r"seed=-1 must be a whole number from 0"),
-    (["seed=1.5"], r"seed=1.5 must be a whole number from 0"),
+    (["seed=abc"], r"seed: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["seed=-1"], r"seed=-1 must be a whole number from 0 to 4294967295"),
+    (["seed=1.5"], r"seed: Value '1.5' of type 'float' could not be converted to Integer"),
     (["trainer.accumulate_grad_batches=0"], r"trainer.accumulate_grad_batches=0 must be a positive whole number"),
     (["optim.betas=[0.9]"], r"optim.betas=\[0.9\] must be two numbers in \[0, 1\), e.g. optim.betas=\[0.9,0.98\]"),
-    (["optim.weight_decay=-1"], r"optim.weight_decay=-1 must be a number >= 0"),
-    (["trainer.gradient_clip_val=-1"], r"trainer.gradient_clip_val=-1 must be a number >= 0, or null to disable"),
+    (["optim.weight_decay=-1"], r"optim.weight_decay=-1.0 must be a number >= 0"),
+    (["trainer.gradient_clip_val=-1"], r"trainer.gradient_clip_val=-1.0 must be a number >= 0, or null to disable"),
     (["trainer.devices=0"], r"trainer.devices=0 must be a positive number of devices, -1 \(all\), auto"),
     (["trainer=ddp", "trainer.devices=4", "task.val_batches=2"],
      r"task.val_batches=2 is fewer than the 4 data-parallel processes .* set task.val_batches>=4"),
+    (["schedule.warmup_steps=-1"], r"schedule.warmup_steps=-1 must be a number of optimiser steps >= 0"),
+    (["optim.lr=-0.1"], r"optim.lr=-0.1 must be a positive learning rate"),
+    (["schedule=cosine", "trainer.max_steps=100", "schedule.warmup_steps=100"],
+     r"schedule.total_steps=100 must exceed schedule.warmup_steps=100 for the cosine schedule"),
+    (["budget.flops=1e12", "budget.tokens=1e6"], r"budget.flops and budget.tokens both set: give one of them"),
 ]
+# A value of the wrong type, or a key the group's schema lacks, is refused by Hydra while composing, naming the key
+COMPOSE_REFUSED = [
+    (["optim.lr=abc"], "Value 'abc' of type 'str' could not be converted to Float", "optim.lr"),
+    (["decoding.beam_size=x"], "Value 'x' of type 'str' could not be converted to Integer", "decoding.beam_size"),
+    (["schedule.warmup_steps=soon"], "could not be converted to Integer", "schedule.warmup_steps"),
+    (["trainer.max_steps=1e3x"], "could not be converted to Integer", "trainer.max_steps"),
+    (["diagnostics.spike_factor=high"], "could not be converted to Float", "diagnostics.spike_factor"),
+    (["optim.lrr=0.1"], "Key 'lrr' not in 'AdamWSchema'", "optim.lrr"),
+]
+
+
+@pytest.mark.parametrize("args,message,key", COMPOSE_REFUSED, ids=[" ".join(a) for a, _, _ in COMPOSE_REFUSED])
+def test_a_value_of_the_wrong_type_is_refused_when_composing(tmp_path, args, message, key):
+    out = run("train.py", *args, f"output_root={tmp_path}")
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert message in out.stderr and f"full_key: {key}" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "runs").exists(), "refused before the run directory is made"
 
 
 @pytest.mark.parametrize("args,message", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
@@ -62,6 +85,9 @@ def test_warmup_longer_than_training_is_named_with_the_fix(tmp_path):
               f"output_root={tmp_path}")  # the precision refusal comes after the warm-up check: nothing trains
     assert "schedule.warmup_steps=500 exceeds trainer.max_steps=100: the learning rate never reaches optim.lr " \
            "(it stops at 20% of it); lower schedule.warmup_steps (e.g. to 10)" in out.stdout + out.stderr
+    assert out.returncode == 1 and "trainer.precision='8-mixed' is not a precision Lightning knows; choose one of " \
+        in out.stderr and "bf16-mixed" in out.stderr  # Lightning's own list, asked through Trainer's signature
+    assert "Traceback" not in out.stderr and not list(tmp_path.glob("**/checkpoints"))
 
 
 def test_an_output_root_that_is_a_file_is_refused(tmp_path):

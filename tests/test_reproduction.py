@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.checks import check_optimiser
 from archsweep.core.train.optim import make_optimizer
+from archsweep.core.train.schemas import AdamWSchema, typed
 
 SIZES = dict(vocab_size=30, d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0)
 
@@ -37,7 +37,8 @@ def test_layernorm_without_bias(kind, norm):
 
 
 def optim_cfg(**over) -> dict:
-    return {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.1, **over}
+    return {"_target_": "archsweep.core.train.optim.adamw", "_partial_": True, "name": "adamw", "lr": 1e-3,
+            "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.1, **over}
 
 
 def test_weight_decay_on_embeddings_is_a_switch_off_by_default():
@@ -54,10 +55,10 @@ def test_weight_decay_on_embeddings_is_a_switch_off_by_default():
     assert "encoder.embed.weight" in tables and "decoder.pos.table.weight" in tables
     assert all("embed" in n or "pos" in n for n in tables)
     assert not any("norm" in n or n.endswith("bias") for n in on)  # norms and biases are never decayed
-    with pytest.raises(ValueError, match="optim.decay_embeddings='yes' must be true or false"):
+    with pytest.raises(ValueError, match="optim.decay_embeddings: Value 'maybe' is not a valid bool"):
         from omegaconf import OmegaConf
 
-        check_optimiser(OmegaConf.create(optim_cfg(decay_embeddings="yes")))
+        typed(OmegaConf.create(optim_cfg(decay_embeddings="maybe")), "optim", AdamWSchema)
 
 
 def text_task(path, cache_dir, **over):

@@ -3,6 +3,7 @@ Options are found by globbing conf/, so a new yaml file is tested without touchi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import lightning as L
@@ -11,14 +12,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
+from archsweep.core.train.diagnostics import DiagnosticsConfig
 from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.loggers import make_loggers
 from archsweep.core.train.optim import make_optimizer, make_scheduler
+from archsweep.core.train.schemas import SCHEMAS, BudgetSchema, EvalSchema, typed
+from archsweep.core.train.setup import ConfigError
 from archsweep.variants.model import IMAGE, form_of, kinds_of
 from archsweep.variants.pos import POS
 
@@ -166,3 +171,130 @@ def test_logger_option_makes_loggers(choice, tmp_path, monkeypatch):
     assert isinstance(loggers[0], L.pytorch.loggers.CSVLogger)  # the local metrics file, whatever the choice
     expected = {"wandb": ["WandbLogger"], "tensorboard": ["TensorBoardLogger"]}.get(cfg.logger.name, [])
     assert kinds[1:] == expected
+
+
+SCHEMA_GROUPS = ("optim", "schedule", "decoding", "trainer")  # groups whose options name a schema (schemas.py)
+
+
+@pytest.mark.parametrize("choice", options(*SCHEMA_GROUPS))
+def test_every_option_of_a_schema_group_composes_against_its_schema(choice):
+    group, option = choice.split("=")
+    node = compose_train(choice)[group]
+    schema = OmegaConf.get_type(node)
+    assert schema in SCHEMAS.values(), f"conf/{group}/{option}.yaml names no schema in its defaults list"
+    settings = typed(node, group)
+    assert isinstance(settings, schema)
+    yaml_keys = set(OmegaConf.load(CONF / group / f"{option}.yaml")) - {"defaults"}
+    assert yaml_keys <= {f.name for f in dataclasses.fields(schema)}
+
+
+@pytest.mark.parametrize("block,schema", [("eval", EvalSchema), ("budget", BudgetSchema),
+                                          ("diagnostics", DiagnosticsConfig)])
+def test_train_yaml_blocks_compose_against_their_schemas(block, schema):
+    node = compose_train()[block]
+    assert OmegaConf.get_type(node) is schema and isinstance(typed(node, block), schema)
+
+
+@pytest.mark.parametrize("override,key", [("optim.lr=abc", "optim.lr"),
+                                          ("schedule.warmup_steps=x", "schedule.warmup_steps"),
+                                          ("decoding.beam_size=x", "decoding.beam_size"),
+                                          ("eval.decode_samples=all", "eval.decode_samples"),
+                                          ("budget.flops=lots", "budget.flops")])
+def test_a_value_of_the_wrong_type_is_refused_while_composing(override, key):
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_train(override)
+    assert f"full_key: {key}" in str(caught.value.__cause__)
+
+
+def test_a_key_the_schema_lacks_in_an_option_yaml_is_refused(tmp_path):
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "typo.yaml").write_text("defaults:\n  - /schema_optim_adamw@_here_\n  - _self_\n\n"
+                                                  "_target_: archsweep.core.train.optim.adamw\nname: adamw\n"
+                                                  "lr: 1.0e-3\nbetas: [0.9, 0.98]\neps: 1.0e-9\nweight_decay: 0.0\n"
+                                                  "weight_decy: 0.1\n")
+    with pytest.raises(ConfigCompositionException, match="weight_decy") as caught:
+        compose_train(f"hydra.searchpath=[file://{tmp_path}]", "optim=typo")
+    assert "Key 'weight_decy' not in 'AdamWSchema'" in str(caught.value.__cause__ or caught.value)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("schedule.warmup_steps=-1", r"schedule.warmup_steps=-1 must be a number of optimiser steps >= 0"),
+    ("optim.lr=0", r"optim.lr=0.0 must be a positive learning rate"),
+    ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers in \[0, 1\)"),
+    ("decoding.top_p=0", r"decoding.top_p=0.0 must be in \(0, 1\]"),
+    ("eval.decode_samples=-1", r"eval.decode_samples=-1 must be a number of examples >= 0"),
+])
+def test_a_value_out_of_range_is_refused_by_its_schema_naming_the_field(override, message):
+    cfg = compose_train(override)
+    with pytest.raises(ConfigError, match=message):
+        check_training(cfg)
+
+
+@pytest.mark.parametrize("choice", options("model"))
+def test_a_model_kind_yaml_holds_only_what_differs_from_the_shared_fields(choice):
+    """conf/model_common.yaml holds the fields every kind has; a kind's yaml names it and sets only its own fields
+    and the values it changes, so the shared defaults are written once."""
+    kind = choice.split("=")[1]
+    raw = OmegaConf.load(CONF / "model" / f"{kind}.yaml")
+    own = raw.get("model", raw)  # a kind that chooses its own axis defaults is a _global_ yaml
+    common = OmegaConf.load(CONF / "model_common.yaml")
+    assert any("/model_common@" in str(d) for d in raw.defaults)
+    repeated = [k for k in own if k != "kind" and k in common and own[k] == common[k]]
+    assert not repeated, f"conf/model/{kind}.yaml repeats the shared {repeated}"
+    model = compose_train(choice, *(["task=digits"] if needs_images(choice) else []))["model"]
+    assert set(common) <= set(model) and model.kind == kind
+    assert all(model[k] == (own[k] if k in own else common[k]) for k in common)
+
+
+def schedule_reference(option: str, step: int, warmup: int, total: int, floor: float) -> float:
+    """The factor on optim.lr after `step` optimiser steps (0-based), written from the definitions: a linear
+    warm-up to 1, then the 2017 paper's inverse square root normalised to 1 at the warm-up's end (noam), a cosine
+    to `floor` at `total` (cosine), or 1 (constant)."""
+    t = step + 1
+    if t < warmup:
+        return t / warmup
+    if option == "noam":
+        return (warmup / t) ** 0.5
+    if option == "cosine":
+        return floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * min((t - warmup) / (total - warmup), 1.0)))
+    return 1.0
+
+
+@pytest.mark.parametrize("choice", options("schedule"))
+def test_each_schedule_follows_its_definition(choice):
+    cfg = compose_train(choice, "schedule.warmup_steps=5", "trainer.max_steps=30")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = make_scheduler(optimizer, OmegaConf.to_container(cfg.schedule, resolve=True))
+    option = choice.split("=")[1]
+    for step in range(40):  # past total_steps: the cosine holds its floor
+        expected = schedule_reference(option, step, 5, 30, cfg.schedule.get("min_lr_ratio", 0.0))
+        assert scheduler.get_last_lr()[0] == pytest.approx(expected), step
+        optimizer.step()
+        scheduler.step()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("eval.context_lengths=[0]", r"eval.context_lengths=\[0\] must be a non-empty list of positive token counts"),
+    ("eval.stride=0", r"eval.stride=0 must be a positive number of tokens"),
+])
+def test_context_settings_are_refused_by_the_rule_evaluate_py_uses(override, message):
+    cfg = compose_train("eval.context_lengths=[8,16]", override)
+    with pytest.raises(ConfigError, match=message):
+        check_training(cfg)
+
+
+def test_an_optimiser_of_ones_own_is_a_yaml_with_a_target(tmp_path):
+    """One convention: an option is chosen by its yaml's `_target_`; an option without a schema composes untyped
+    and is built all the same (its target refuses what it does not take)."""
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "adamw_no_decay.yaml").write_text(
+        "_target_: archsweep.core.train.optim.adamw\n_partial_: true\nname: adamw_no_decay\nlr: 1.0e-3\n"
+        "betas: [0.9, 0.95]\neps: 1.0e-8\nweight_decay: 0.0\n")
+    cfg = compose_train(f"hydra.searchpath=[file://{tmp_path}]", "optim=adamw_no_decay", *TINY)
+    assert typed(cfg.optim, "optim") == OmegaConf.to_container(cfg.optim)  # no schema: a plain dict
+    check_training(cfg)
+    optimizer = make_optimizer(build_model(model_config(cfg, build_task(cfg))), OmegaConf.to_container(cfg.optim))
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.95)
+    with pytest.raises(Exception, match="momentum"):  # a setting the target does not take
+        make_optimizer(build_model(model_config(cfg, build_task(cfg))),
+                       {**OmegaConf.to_container(cfg.optim), "momentum": 0.9})

@@ -42,7 +42,11 @@ def pick_device(name: str) -> torch.device:
 
 
 def decoding_config(cfg: DictConfig) -> DecodingConfig:
-    return DecodingConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    """The composed `decoding` group as a DecodingConfig, its rules run (its schema checked the types when the
+    config was composed; a plain node, e.g. a user's option that names no schema, is typed here)."""
+    if OmegaConf.get_type(cfg) in (dict, None):
+        cfg = OmegaConf.merge(OmegaConf.structured(DecodingConfig), cfg)
+    return OmegaConf.to_object(cfg)
 
 
 def refuse_images(loaded: Loaded, entry: str) -> None:
@@ -259,7 +263,8 @@ def setting_name(decoding: dict[str, Any], decode_limit: int | None) -> str:
 
     strategy = str(decoding.get("strategy", "greedy"))
     defaults_file = conf_dir() / "decoding" / f"{strategy}.yaml"
-    defaults = OmegaConf.to_container(OmegaConf.load(defaults_file)) if defaults_file.is_file() else {}
+    given = OmegaConf.to_container(OmegaConf.load(defaults_file)) if defaults_file.is_file() else {}
+    defaults = {**dataclasses.asdict(DecodingConfig()), **given}  # as composed: the schema's defaults, the yaml's
     parts = [strategy] + [f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in decoding.items()
                           if k not in ("strategy", "use_cache", "n_best") and defaults.get(k) != v]
     if decode_limit is not None:

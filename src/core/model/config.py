@@ -236,6 +236,9 @@ AXES: dict[str, Registry] = {f.name: f.metadata["registry"] for f in dataclasses
 
 @dataclass
 class DecodingConfig:
+    """How to decode; also the schema of the `decoding` config group (archsweep.core.train.schemas), so a value
+    of the wrong type is refused when the config is composed and the rules below run when it becomes this class."""
+
     strategy: str = "greedy"  # greedy | beam | sample
     max_new_tokens: int = 64
     beam_size: int = 4
@@ -247,7 +250,11 @@ class DecodingConfig:
     seed: int | None = None  # sample: fixes the random stream
     use_cache: bool = True
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> DecodingConfig:
+        """The range rules (the types are the schema's); generate() runs them again on a config changed since."""
         check_choice("decoding.strategy", self.strategy, STRATEGIES)
         if self.max_new_tokens < 1:
             raise ValueError(f"decoding.max_new_tokens={self.max_new_tokens} must be at least 1")
@@ -264,12 +271,3 @@ class DecodingConfig:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"decoding.top_p={self.top_p} must be in (0, 1] (1 turns it off)")
         return self
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DecodingConfig:
-        """Build from a plain dict (e.g. the `decoding` config group); unknown keys are an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ValueError(f"unknown decoding setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
-        return cls(**values).validate()

@@ -30,21 +30,17 @@ from archsweep.core.model.checkpoint import (
 )
 from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
 from archsweep.core.train.callback_group import check_callbacks
-from archsweep.core.train.checks import check_ddp_validation, check_optimiser, check_seed, check_trainer, check_warmup
 from archsweep.core.train.console import job_prefix, quiet_libraries, set_job
-from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
+from archsweep.core.train.diagnostics import DiagnosticsConfig
 from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
+from archsweep.core.train.rules import AFTER_IMPORTS, check_rules, decay_after_warmup, processes, warmup_within_training
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process
 from archsweep.core.train.runinfo import RunInfo, run_info
+from archsweep.core.train.schemas import check_schemas
 from archsweep.core.train.setup import ConfigError, Setup, write_json
 from archsweep.core.train.sweep import append_summary, earlier_run
 
 log = logging.getLogger("train")
-
-OPTIMIZERS = ("adamw", "muon")  # as in optim.py, which imports torch
-SCHEDULES = ("noam", "cosine", "constant")
-PRECISIONS = ("32-true", "32", 32, "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64", 64,
-              "transformer-engine", "transformer-engine-float16")
 
 
 class Checked(NamedTuple):
@@ -162,16 +158,11 @@ def apply_budget(cfg: DictConfig, model_cfg: ModelConfig, task: Task) -> None:
     flops, tokens = budget.get("flops"), budget.get("tokens")
     if flops is None and tokens is None:
         return
-    if flops is not None and tokens is not None:
-        raise ConfigError("budget.flops and budget.tokens both set: give one of them")
-    for name, value in (("flops", flops), ("tokens", tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ConfigError(f"budget.{name}={value!r} must be a positive number (e.g. budget.{name}=1e12)")
     from archsweep.core.model.build import flop_count, tokens_of
     from archsweep.variants.flops import TRAIN_FACTOR
 
     shape = task.flop_shape(model_cfg.kind)
-    batches = int(cfg.trainer.get("accumulate_grad_batches", 1)) * world_size(cfg.trainer)
+    batches = int(cfg.trainer.get("accumulate_grad_batches", 1)) * (processes(cfg.trainer) or 1)
     if flops is not None:
         per_step = TRAIN_FACTOR * flop_count(model_cfg, shape) * batches
         what = f"budget.flops={flops:.3g} at {per_step:.4g} FLOPs per step"
@@ -184,34 +175,17 @@ def apply_budget(cfg: DictConfig, model_cfg: ModelConfig, task: Task) -> None:
     log.info(f"{what}: trainer.max_steps={steps}")
 
 
-def world_size(trainer: DictConfig) -> int:
-    """Processes a data-parallel strategy starts (devices x nodes), 1 otherwise."""
-    if not str(trainer.get("strategy", "auto")).startswith("ddp"):
-        return 1
-    devices = trainer.get("devices", 1)
-    count = len(devices) if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices) else (
-        len(str(devices).split(",")) if isinstance(devices, str) and "," in devices else int(devices)
-        if str(devices).lstrip("-").isdigit() and int(devices) > 0 else 1)
-    return count * int(trainer.get("num_nodes", 1))
-
-
 def check_training(cfg: DictConfig) -> Checked:
+    """The typed groups (their schemas' rules run; the types were checked when composing), the logger and the
+    callbacks. Rules across groups are `rules.py`'s, which prepare() runs."""
+
     def fail(msg: str) -> None:
         raise ConfigError(msg)
 
-    if cfg.optim.name not in OPTIMIZERS:
-        fail(f"optim.name={cfg.optim.name!r} is not a known optimiser; valid options: {', '.join(OPTIMIZERS)}")
-    if not cfg.optim.lr > 0:
-        fail(f"optim.lr={cfg.optim.lr} must be positive")
-    if cfg.schedule.name not in SCHEDULES:
-        fail(f"schedule.name={cfg.schedule.name!r} is not a known schedule; valid options: {', '.join(SCHEDULES)}")
-    if cfg.schedule.warmup_steps < 0:
-        fail(f"schedule.warmup_steps={cfg.schedule.warmup_steps} must be >= 0")
-    if cfg.schedule.name == "cosine" and cfg.schedule.total_steps <= cfg.schedule.warmup_steps:
-        fail(f"schedule.total_steps={cfg.schedule.total_steps} must exceed schedule.warmup_steps="
-             f"{cfg.schedule.warmup_steps} for the cosine schedule")
-    if not 0.0 <= cfg.label_smoothing < 1.0:
-        fail(f"label_smoothing={cfg.label_smoothing} must be in [0, 1)")
+    try:
+        typed = check_schemas(cfg)
+    except ValueError as e:
+        fail(str(e))
     if cfg.logger.name not in LOGGERS:
         fail(f"logger.name={cfg.logger.name!r} is not a known logger; valid options: {', '.join(LOGGERS)}")
     if cfg.logger.name == "wandb":
@@ -219,55 +193,19 @@ def check_training(cfg: DictConfig) -> Checked:
             wandb_mode(cfg.logger.mode)
         except ValueError as e:
             fail(str(e))
-    trainer = cfg.trainer
-    if not isinstance(trainer.max_steps, int) or trainer.max_steps < 1:
-        fail(f"trainer.max_steps={trainer.max_steps} must be a positive integer (the training stream is endless)")
-    if trainer.precision not in PRECISIONS:
-        fail(f"trainer.precision={trainer.precision!r} is not a known precision; common options: 32-true, "
-             f"bf16-mixed, 16-mixed")
-    try:
-        decoding = DecodingConfig.from_dict(OmegaConf.to_container(cfg.decoding, resolve=True))
-    except ValueError as e:
-        fail(str(e))
-    if not isinstance(cfg.objective, str) or "/" not in cfg.objective:
-        fail(f"objective={cfg.objective!r} must name a results.json metric as split/name, e.g. val/loss or "
-             f"val/exact_match")
-    try:
-        diagnostics = check_diagnostics(cfg)
-    except ValueError as e:
-        fail(str(e))
-    threads = cfg.threads
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        fail(f"threads={threads!r} must be a positive number of CPU threads, or null for torch's default")
-    if not isinstance(cfg.eval.decode_samples, int) or cfg.eval.decode_samples < 0:
-        fail(f"eval.decode_samples={cfg.eval.decode_samples!r} must be a number of examples >= 0 (0: no decoding)")
-    if cfg.eval.get("context_lengths") is not None:
-        from archsweep.core.eval.context import check_lengths
-
-        try:
-            check_lengths(OmegaConf.to_container(cfg.eval.context_lengths) if OmegaConf.is_list(
-                cfg.eval.context_lengths) else cfg.eval.context_lengths, cfg.eval.get("stride"))
-        except ValueError as e:
-            fail(str(e))
-    interval = trainer.get("val_check_interval")
-    if not isinstance(interval, int) or interval < 1:
-        fail(f"trainer.val_check_interval={interval!r} must be a positive number of training batches")
     try:  # last: it imports the callbacks' modules (Lightning, when an entry names a Lightning callback)
         callbacks = check_callbacks(OmegaConf.to_container(cfg.callbacks, resolve=True)
                                     if cfg.get("callbacks") is not None else None)
     except ValueError as e:
         fail(str(e))
-    return Checked(decoding, diagnostics, callbacks)
+    return Checked(typed.groups["decoding"], typed.groups.get("diagnostics") or DiagnosticsConfig(), callbacks)
 
 
 def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     """The one checked Setup of this job (the resume checkpoint is read later, by check_resume)."""
     ckpt = None
     try:  # first what needs neither the task nor the model (whose variants import torch)
-        check_seed(cfg.seed)
-        check_optimiser(cfg.optim)
-        check_trainer(cfg.trainer)
-        check_warmup(cfg.schedule, cfg.trainer.max_steps)
+        check_schemas(cfg)
         if cfg.ckpt_path is not None:
             ckpt = resolve_checkpoint(str(cfg.ckpt_path), "resume", cfg.output_root, info.overrides)
             check_checkpoint_file(ckpt)
@@ -276,12 +214,8 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     task = build_task(cfg)
-    if cfg.eval.get("context_lengths") is not None and type(task).token_stream is Task.token_stream:
-        raise ConfigError(f"eval.context_lengths: task={task.name} is made of separate examples, not a running text; "
-                          f"evaluation at other context lengths needs a language-model task (text, "
-                          f"shakespeare_char); remove eval.context_lengths")
     try:
-        check_ddp_validation(cfg.trainer, task)
+        check_rules(cfg, task)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     checked = check_training(cfg)  # before the model: its variants import torch, these settings need not
@@ -289,14 +223,11 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     if cfg.get("budget") is not None:
         steps = cfg.trainer.max_steps
         apply_budget(cfg, model_cfg, task)
-        try:  # the schedule against the steps the budget gives (its warning was given already if they are the same)
+        try:  # the schedule against the steps the budget gives (checked already if they are the same)
             if cfg.trainer.max_steps != steps:
-                check_warmup(cfg.schedule, cfg.trainer.max_steps)
+                check_rules(cfg, task, (warmup_within_training, decay_after_warmup))
         except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if cfg.schedule.name == "cosine" and cfg.schedule.total_steps <= cfg.schedule.warmup_steps:
-            raise ConfigError(f"the budget gives {cfg.trainer.max_steps} steps, no more than schedule.warmup_steps="
-                              f"{cfg.schedule.warmup_steps}; raise the budget or lower the warm-up")
+            raise ConfigError(f"the budget gives trainer.max_steps={cfg.trainer.max_steps}: {e}") from None
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
 
 
@@ -425,6 +356,10 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         if threads is not None:
             torch.set_num_threads(threads)
             log.info(f"torch CPU threads: {threads}")
+        try:
+            check_rules(cfg, setup.task, AFTER_IMPORTS)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         check_resume(setup)
         from archsweep.core.train.fit import train
 

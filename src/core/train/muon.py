@@ -2,7 +2,7 @@
 SGD with Nesterov momentum whose update, for a 2-D weight, is orthogonalised by a quintic Newton-Schulz iteration
 (the update's singular values are pushed towards 1), so every direction of the matrix moves by a similar amount.
 It is meant for the hidden matrices only; embeddings, the output head, norms and biases (every 1-D parameter) take
-AdamW, as in the reference. Plain PyTorch.
+AdamW, as in the reference. Plain PyTorch (the option names come from the light config schema).
 
 One optimiser holds both kinds of group (`muon: True` or False), so the learning-rate schedule, gradient clipping
 and checkpoints treat it as one. Under DDP the gradients are all-reduced before `step`, so every process computes
@@ -18,9 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from archsweep.core.train.schemas import MUON_NS_DTYPES, MUON_SCALINGS
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the reference's quintic: steep at 0, singular values end in ~[0.7, 1.2]
-SCALINGS = ("reference", "moonlight")
-NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SCALINGS = MUON_SCALINGS  # the names are kept in the config schema (light), which checks optim.scaling
+NS_DTYPES = {name: getattr(torch, name) for name in MUON_NS_DTYPES}
 
 
 def newton_schulz(g: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:

@@ -1,25 +1,25 @@
 """AdamW with decay only on matrices (Loshchilov & Hutter 2019), Muon for the blocks' hidden matrices (`muon.py`),
 and warm-up learning-rate schedules.
 
-Schedules are multipliers of optim.lr per optimiser step: `noam` is the 2017 paper's inverse square root
-(section 5.3) normalised to peak at 1 after warm-up, `cosine` decays to min_lr_ratio, `constant` holds.
+The `optim` and `schedule` config groups choose these by `_target_` (with `_partial_: true`: the model, or the
+optimiser, is given at build time): `adamw` and `muon` build optimisers, `noam`, `cosine` and `constant` schedules,
+which are multipliers of optim.lr per optimiser step. `noam` is the 2017 paper's inverse square root (section 5.3)
+normalised to peak at 1 after warm-up, `cosine` decays to min_lr_ratio, `constant` holds. The schemas of both
+groups, which check the settings before torch is imported, are in `schemas.py`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
+from hydra.utils import instantiate
 from torch import nn
 
 from archsweep.core.train.muon import Muon
 from archsweep.variants.blocks import Block
 from archsweep.variants.embedding import TokenEmbedding
-
-OPTIMIZERS = ("adamw", "muon")
-SCHEDULES = ("noam", "cosine", "constant")
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict[str, Any]]:
@@ -45,54 +45,68 @@ def hidden_matrices(model: nn.Module) -> set[int]:
             for m in block.modules() if isinstance(m, nn.Linear)}
 
 
-def muon_param_groups(model: nn.Module, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Muon for the hidden matrices (first group, so train/lr logs Muon's rate), AdamW (at optim.adamw_lr) for the
-    rest, split as `param_groups` splits it for weight decay."""
+def muon_param_groups(model: nn.Module, lr: float, adamw_lr: float, weight_decay: float,
+                      decay_embeddings: bool = False) -> list[dict[str, Any]]:
+    """Muon for the hidden matrices (first group, so train/lr logs Muon's rate), AdamW (at adamw_lr) for the rest,
+    split as `param_groups` splits it for weight decay."""
     hidden = hidden_matrices(model)
-    decay, keep = param_groups(model, cfg["weight_decay"], cfg.get("decay_embeddings", False))
-    groups = [{"params": [p for p in decay["params"] if id(p) in hidden], "muon": True, "lr": cfg["lr"],
-               "weight_decay": cfg["weight_decay"]},
-              {"params": [p for p in decay["params"] if id(p) not in hidden], "lr": cfg["adamw_lr"],
-               "weight_decay": cfg["weight_decay"]},
-              {"params": keep["params"], "lr": cfg["adamw_lr"], "weight_decay": 0.0}]
+    decay, keep = param_groups(model, weight_decay, decay_embeddings)
+    groups = [{"params": [p for p in decay["params"] if id(p) in hidden], "muon": True, "lr": lr,
+               "weight_decay": weight_decay},
+              {"params": [p for p in decay["params"] if id(p) not in hidden], "lr": adamw_lr,
+               "weight_decay": weight_decay},
+              {"params": keep["params"], "lr": adamw_lr, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
 
+def adamw(model: nn.Module, lr: float, betas: list[float], eps: float, weight_decay: float,
+          decay_embeddings: bool = False) -> torch.optim.AdamW:
+    """optim=adamw."""
+    return torch.optim.AdamW(param_groups(model, weight_decay, decay_embeddings), lr=lr, betas=tuple(betas), eps=eps)
+
+
+def muon(model: nn.Module, lr: float, momentum: float, nesterov: bool, ns_steps: int, ns_dtype: str, scaling: str,
+         weight_decay: float, adamw_lr: float, betas: list[float], eps: float, decay_embeddings: bool = False) -> Muon:
+    """optim=muon."""
+    return Muon(muon_param_groups(model, lr, adamw_lr, weight_decay, decay_embeddings), lr=lr, momentum=momentum,
+                nesterov=nesterov, ns_steps=ns_steps, ns_dtype=ns_dtype, scaling=scaling, betas=tuple(betas), eps=eps)
+
+
 def make_optimizer(model: nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
-    if cfg["name"] not in OPTIMIZERS:
-        raise ValueError(f"optim.name={cfg['name']!r} is not a known optimiser; valid: {', '.join(OPTIMIZERS)}")
-    if cfg["name"] == "muon":
-        return Muon(muon_param_groups(model, cfg), lr=cfg["lr"], momentum=cfg["momentum"], nesterov=cfg["nesterov"],
-                    ns_steps=cfg["ns_steps"], ns_dtype=cfg["ns_dtype"], scaling=cfg["scaling"],
-                    betas=tuple(cfg["betas"]), eps=cfg["eps"])
-    groups = param_groups(model, cfg["weight_decay"], cfg.get("decay_embeddings", False))
-    return torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"])
+    """The `optim` group (a resolved dict): its `_target_` builds the optimiser of `model`; `name` is the option's
+    label (W&B tags, results.json), not an argument."""
+    return instantiate({k: v for k, v in cfg.items() if k != "name"})(model)
 
 
-def lr_multiplier(cfg: dict[str, Any]) -> Callable[[int], float]:
-    """step (0-based optimiser steps taken) -> factor applied to optim.lr."""
-    warmup = max(int(cfg["warmup_steps"]), 0)
-    name = cfg["name"]
-
-    def warm(step: int) -> float:
-        return (step + 1) / warmup if step + 1 < warmup else 1.0
-
-    if name == "noam":
-        return lambda step: min(warm(step), math.sqrt(max(warmup, 1) / (step + 1)))
-    if name == "constant":
-        return warm
-    if name == "cosine":
-        total, floor = int(cfg["total_steps"]), float(cfg["min_lr_ratio"])
-
-        def cosine(step: int) -> float:
-            if step + 1 < warmup:
-                return warm(step)
-            progress = min((step + 1 - warmup) / max(total - warmup, 1), 1.0)
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        return cosine
-    raise ValueError(f"schedule.name={name!r} is not a known schedule; valid: {', '.join(SCHEDULES)}")
+def warm(step: int, warmup_steps: int) -> float:
+    """Linear warm-up: the factor at `step` (0-based optimiser steps taken), 1 once warm."""
+    return (step + 1) / warmup_steps if step + 1 < warmup_steps else 1.0
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any]) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(cfg))
+def noam(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """schedule=noam: warm-up, then 1/sqrt(step) normalised to 1 at the end of the warm-up."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(warm(step, warmup_steps), math.sqrt(max(warmup_steps, 1) / (step + 1))))
+
+
+def constant(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """schedule=constant: warm-up, then optim.lr."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warm(step, warmup_steps))
+
+
+def cosine(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+           min_lr_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """schedule=cosine: warm-up, then a cosine from 1 to min_lr_ratio at total_steps, held after."""
+
+    def factor(step: int) -> float:
+        if step + 1 < warmup_steps:
+            return warm(step, warmup_steps)
+        progress = min((step + 1 - warmup_steps) / max(total_steps - warmup_steps, 1), 1.0)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any]) -> torch.optim.lr_scheduler.LRScheduler:
+    """The `schedule` group (a resolved dict): its `_target_` builds the scheduler of `optimizer`."""
+    return instantiate({k: v for k, v in cfg.items() if k != "name"})(optimizer)
