@@ -181,3 +181,31 @@ def test_default_directories_are_unique_per_launch():
     assert hydra_cfg["run"]["dir"].endswith("_${unique:}") and hydra_cfg["sweep"]["dir"].endswith("_${unique:}")
     names = {OmegaConf.create({"d": "${unique:}"}).d for _ in range(50)}
     assert len(names) == 50 and all(len(n) == 6 for n in names)
+
+
+def test_restored_checkpoint_paths_are_this_runs_own_or_dropped(tmp_path):
+    from archsweep.core.train.callbacks import RunCheckpoint
+
+    old, here = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    here.mkdir(parents=True)
+    state = RunCheckpoint(old).state_dict() | {
+        "best_model_path": str(old / "best.ckpt"), "best_model_score": 1.5, "last_model_path": str(old / "last.ckpt"),
+        "kth_best_model_path": str(old / "best.ckpt"), "kth_value": 1.5, "best_k_models": {str(old / "best.ckpt"): 1.5}}
+    dropped = RunCheckpoint(here)
+    dropped.load_state_dict(state)  # a resume into a new folder: nothing of the old run's survives
+    assert (dropped.best_model_path, dropped.best_model_score, dropped.last_model_path) == ("", None, "")
+    assert dropped.best_k_models == {} and dropped.kth_best_model_path == ""
+    (here / "best.ckpt").touch()
+    (here / "last.ckpt").touch()
+    moved = RunCheckpoint(here)
+    moved.load_state_dict(state)  # the run's folder moved whole: the same files, found where they are now
+    assert moved.best_model_path == str(here / "best.ckpt") and moved.best_model_score == 1.5
+    assert moved.last_model_path == str(here / "last.ckpt") and moved.best_k_models == {str(here / "best.ckpt"): 1.5}
+    in_place = RunCheckpoint(here)
+    in_place.load_state_dict(moved.state_dict())
+    assert in_place.state_dict() == moved.state_dict()
+    # checkpoints written with the stock callback restore into this one
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    stock = ModelCheckpoint(dirpath=str(here), filename="best", monitor="val/loss", mode="min")
+    assert stock.state_key == in_place.state_key

@@ -1,5 +1,6 @@
-"""Lightning callbacks and plugins of train.py: progress lines with throughput, atomic checkpoint writes, and a
-stop on SIGTERM / SIGINT that leaves a checkpoint at the current step."""
+"""Lightning callbacks and plugins of train.py: progress lines with throughput, atomic checkpoint writes, a
+checkpoint callback whose paths stay inside the run that uses them, and a stop on SIGTERM / SIGINT that leaves a
+checkpoint at the current step."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from archsweep.core.model.checkpoint import atomic_save, safe_load
@@ -26,6 +28,49 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
         return safe_load(path, map_location=map_location)
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """A run's checkpoints in `dirpath`: best.ckpt (lowest val/loss) and last.ckpt. The state it restores names
+    checkpoints by absolute path; a path outside this run's checkpoint folder is replaced by the file of the same
+    name in this folder where one exists (a run copied or moved whole), and is dropped, with its score, where
+    none does (a resume into a new run directory), so best.ckpt and last.ckpt are always this run's own.
+    `saved_step` is the global step of the newest checkpoint this trainer wrote (None before any)."""
+
+    def __init__(self, dirpath: str | Path) -> None:
+        super().__init__(dirpath=str(dirpath), filename="best", monitor="val/loss", mode="min", save_top_k=1,
+                         save_last=True, auto_insert_metric_name=False, enable_version_counter=False)
+        self.saved_step: int | None = None
+
+    @property
+    def state_key(self) -> str:
+        # the stock callback's key, so checkpoints written with ModelCheckpoint restore into this one and back
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.saved_step = trainer.global_step
+
+    def own_path(self, path: str) -> str:
+        """`path` if it is in this run's checkpoint folder, else the file of that name there, else ""."""
+        if not path:
+            return ""
+        here = Path(str(self.dirpath))
+        if Path(path).parent == here:
+            return path
+        mine = here / Path(path).name
+        return str(mine) if mine.is_file() else ""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict, dirpath=self.dirpath)  # every field restored; the paths made this run's own
+        moved = {path: self.own_path(path) for path in state.get("best_k_models", {})}
+        state["best_k_models"] = {moved[p]: score for p, score in state.get("best_k_models", {}).items() if moved[p]}
+        for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+            state[key] = self.own_path(state.get(key) or "")
+        if not state["best_model_path"]:
+            state["best_model_score"] = None
+        if not state["kth_best_model_path"]:
+            state.pop("kth_value", None)
+        super().load_state_dict(state)
 
 
 class Progress(L.Callback):

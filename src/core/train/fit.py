@@ -23,7 +23,6 @@ from typing import Any
 
 import lightning as L
 import torch.distributed as dist
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, read_write
 
@@ -33,7 +32,7 @@ from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.callback_group import make_callbacks
-from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, StopOnSignal
+from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, RunCheckpoint, StopOnSignal
 from archsweep.core.train.compute import Compute
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import DivergenceMonitor, diagnostic_callbacks
@@ -177,7 +176,7 @@ def metrics_of(split: str, out: dict[str, Any]) -> dict[str, float]:
     return {k.split("/", 1)[1]: float(v) for k, v in out.items() if k.startswith(f"{split}/")}
 
 
-def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_cb: ModelCheckpoint,
+def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_cb: RunCheckpoint,
                        splits: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """(validation outputs, test outputs, checkpoint evaluated) from the best checkpoint, else the final weights.
     A diverged run is evaluated only from a checkpoint whose validation loss was finite; without one, its
@@ -196,7 +195,7 @@ def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_c
 
 
 def interrupted_results(trainer: L.Trainer, stop: BaseException, info: RunInfo, cfg: DictConfig, setup: Setup,
-                        n_params: int, run_id: str, ckpt_cb: ModelCheckpoint) -> dict[str, Any] | None:
+                        n_params: int, run_id: str, ckpt_cb: RunCheckpoint) -> dict[str, Any] | None:
     """results.json of a run stopped by a signal: status `interrupted`, the step, the checkpoint to resume from."""
     if isinstance(stop, Interrupted):
         signum, step, checkpoint = stop.signum, stop.step, stop.checkpoint
@@ -269,9 +268,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     in_place = setup.ckpt_path is not None and info.run_dir.resolve() in Path(setup.ckpt_path).resolve().parents
     loggers = make_loggers(resolved["logger"], info.run_dir, info.name, info.group, info.tags,
                            wandb_config(cfg, info, extra), run_id, setup.resume_step if in_place else None)
-    ckpt_cb = ModelCheckpoint(dirpath=str(info.run_dir / CKPT_DIR), filename="best", monitor="val/loss", mode="min",
-                              save_top_k=1, save_last=True, auto_insert_metric_name=False,
-                              enable_version_counter=False)
+    ckpt_cb = RunCheckpoint(info.run_dir / CKPT_DIR)
     progress = Progress(start_time, validation_keys(setup.task))
     compute = Compute(cfg.trainer.get("peak_flops"), cache_dir(cfg.task.get("cache_dir")))
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
@@ -307,7 +304,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         raise
     fit_s = time.time() - fit_start
     train = train_summary(trainer)  # before the evaluation below replaces the callback metrics
-    if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
+    if ckpt_cb.saved_step != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
     try:
         val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
