@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from archsweep.core.data import cache
 from archsweep.core.train.job import usable_checkpoint
-from archsweep.core.train.loggers import history_csv_logger
+from archsweep.core.train.metrics_csv import MetricsCSV
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, claim_run_dir, clean_stale_temp, holds_run
 from archsweep.core.train.runinfo import RunInfo
 
@@ -113,7 +114,7 @@ def test_resumed_metrics_keep_the_rows_before_the_checkpoint_and_never_repeat_a_
         w.writeheader()
         w.writerows([{"epoch": 0, "step": s, "train/loss": s / 10} for s in (1, 3, 5, 7, 9, 11, 13)])
         w.writerow({"epoch": 0, "step": 9, "val/loss": 0.5})
-    logger = history_csv_logger(tmp_path, keep_before=10)  # resumed from the checkpoint at step 10
+    logger = MetricsCSV(tmp_path, keep_before=10)  # resumed from the checkpoint at step 10
     logger.log_metrics({"train/loss": 1.1, "train/acc": 0.5}, step=11)
     logger.save()
     with open(tmp_path / "metrics.csv") as f:
@@ -122,7 +123,14 @@ def test_resumed_metrics_keep_the_rows_before_the_checkpoint_and_never_repeat_a_
         (1, "0.1"), (3, "0.3"), (5, "0.5"), (7, "0.7"), (9, "0.9"), (11, "1.1")]
     assert [r["val/loss"] for r in rows if r["val/loss"]] == ["0.5"]
     assert rows[-1]["train/acc"] == "0.5"  # a new column rewrites the header, the history stays
-    fresh = history_csv_logger(tmp_path, keep_before=None)  # a new run in the directory starts its own file
+    logger.log_metrics({"train/loss": torch.tensor(1.5)}, step=13)  # the same columns: appended
+    logger.save()
+    logger.save()  # nothing new: nothing written twice
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["train/loss"], r["train/acc"]) for r in rows[-2:]] == [("11", "1.1", "0.5"),
+                                                                                ("13", "1.5", "")]
+    fresh = MetricsCSV(tmp_path, keep_before=None)  # a new run in the directory starts its own file
     fresh.log_metrics({"train/loss": 9.0}, step=1)
     fresh.save()
     assert len(list(csv.DictReader(open(tmp_path / "metrics.csv")))) == 1

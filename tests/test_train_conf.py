@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -18,6 +17,7 @@ from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
 from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.loggers import make_loggers
+from archsweep.core.train.metrics_csv import MetricsCSV
 from archsweep.core.train.optim import make_optimizer, make_scheduler
 from archsweep.variants.model import IMAGE, form_of, kinds_of
 from archsweep.variants.pos import POS
@@ -163,6 +163,6 @@ def test_logger_option_makes_loggers(choice, tmp_path, monkeypatch):
     check_training(cfg)
     loggers = make_loggers(OmegaConf.to_container(cfg.logger), tmp_path, "name", None, [], {}, "abcd1234")
     kinds = [type(x).__name__ for x in loggers]
-    assert isinstance(loggers[0], L.pytorch.loggers.CSVLogger)  # the local metrics file, whatever the choice
+    assert isinstance(loggers[0], MetricsCSV)  # the local metrics file, whatever the choice
     expected = {"wandb": ["WandbLogger"], "tensorboard": ["TensorBoardLogger"]}.get(cfg.logger.name, [])
     assert kinds[1:] == expected

@@ -125,11 +125,10 @@ def with_collective_timeout(strategy: Any, seconds: float | None) -> Any:
 
 def stop_workers(trainer: L.Trainer) -> None:
     """After an error in rank 0 of a DDP run, end the other processes: Lightning leaves them running (except on
-    Ctrl+C), and they would wait in their next collective, holding the run's output pipes open."""
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-
-    launcher = getattr(trainer.strategy, "launcher", None)
-    if isinstance(launcher, _SubprocessScriptLauncher) and trainer.is_global_zero:
+    Ctrl+C), and they would wait in their next collective, holding the run's output pipes open. A launcher ends
+    only the processes it started itself: none where torchrun, SLURM or spawn's parent started them."""
+    launcher = trainer.strategy.launcher
+    if launcher is not None and trainer.is_global_zero:
         launcher.kill(signal.SIGKILL)
 
 

@@ -1,4 +1,5 @@
-"""The loggers of a run: the local CSV metrics file always, plus W&B, TensorBoard or nothing (`logger=`).
+"""The loggers of a run: the local CSV metrics file always (core/train/metrics_csv.py), plus W&B, TensorBoard or
+nothing (`logger=`). Lightning and W&B are imported only when the loggers are made.
 
 W&B's mode `auto` means online when credentials exist (WANDB_API_KEY, an identity token, or a netrc entry for
 the W&B host) and offline otherwise, so a machine without credentials never prompts or waits on the network.
@@ -42,57 +43,40 @@ def new_run_id() -> str:
     return secrets.token_hex(4)  # not from torch's or Python's seeded RNGs: leaves training randomness alone
 
 
-def history_csv_logger(run_dir: Path, keep_before: int | None) -> Any:
-    """Lightning's CSVLogger writing <run_dir>/metrics.csv. With `keep_before` (a run resumed in its own
-    directory from the checkpoint of that step), the rows logged before that step are kept and the new ones
-    appended; later rows, which the resumed run logs again, are dropped, so no step appears twice."""
-    import csv
+def wandb_logger(run_dir: Path, name: str, group: str | None, tags: list[str], config: dict[str, Any], run_id: str,
+                 mode: str, project: str, entity: str | None) -> Any:
+    """Lightning's WandbLogger on a W&B run this process starts itself with W&B's public `wandb.init` (Lightning
+    would pass `anonymous`, a setting W&B now answers with a deprecation notice on every run). Only the global
+    rank zero process starts one; the other DDP processes get a logger that writes nothing, as Lightning does.
+    None when `mode` is `disabled`."""
+    if mode == "disabled":
+        return None
+    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.utilities import rank_zero_only
 
-    from lightning.fabric.loggers.logger import rank_zero_experiment
-    from lightning.pytorch.loggers import CSVLogger
-    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+    run = None
+    if rank_zero_only.rank == 0:
+        import wandb
 
-    class HistoryWriter(ExperimentWriter):
-        def _check_log_dir_exists(self) -> None:
-            if keep_before is None or not os.path.isfile(self.metrics_file_path):
-                return super()._check_log_dir_exists()
-            with open(self.metrics_file_path, newline="") as f:
-                reader = csv.DictReader(f)
-                header = list(reader.fieldnames or [])
-                kept = [r for r in reader if r.get("step", "").isdigit() and int(r["step"]) < keep_before]
-            self.metrics_keys = sorted(header)
-            with open(self.metrics_file_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
-                writer.writeheader()
-                writer.writerows(kept)
-
-    class HistoryCSVLogger(CSVLogger):
-        @property
-        @rank_zero_experiment
-        def experiment(self) -> Any:
-            if self._experiment is None:
-                self._fs.makedirs(self.root_dir, exist_ok=True)
-                self._experiment = HistoryWriter(log_dir=self.log_dir)
-            return self._experiment
-
-    return HistoryCSVLogger(save_dir=str(run_dir), name="", version="")
+        run = wandb.init(name=name, dir=str(run_dir), project=project, entity=entity, group=group, tags=tags,
+                         id=run_id, resume="allow", mode=mode, config=config, job_type="train")
+        # Lightning's log_metrics sends the step as `trainer/global_step`: W&B plots every metric against it
+        run.define_metric("trainer/global_step")
+        run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+    return WandbLogger(name=name, save_dir=str(run_dir), project=project, id=run_id, experiment=run)
 
 
 def make_loggers(logger_cfg: dict[str, Any], run_dir: Path, name: str, group: str | None, tags: list[str],
                  config: dict[str, Any], run_id: str, keep_before: int | None = None) -> list[Any]:
-    loggers: list[Any] = [history_csv_logger(run_dir, keep_before)]  # <run_dir>/metrics.csv
+    from archsweep.core.train.metrics_csv import MetricsCSV
+
+    loggers: list[Any] = [MetricsCSV(run_dir, keep_before)]
     kind = logger_cfg["name"]
     if kind == "wandb":
-        mode = wandb_mode(logger_cfg["mode"])
-        if mode != "disabled":
-            from lightning.pytorch.loggers import WandbLogger
-
-            wandb_logger = WandbLogger(
-                name=name, save_dir=str(run_dir), project=logger_cfg["project"], entity=logger_cfg.get("entity"),
-                group=group, tags=tags, id=run_id, resume="allow", mode=mode, config=config, job_type="train")
-            # Lightning passes anonymous=None, which W&B answers with a deprecation notice on every run
-            wandb_logger._wandb_init.pop("anonymous", None)
-            loggers.append(wandb_logger)
+        logger = wandb_logger(run_dir, name, group, tags, config, run_id, wandb_mode(logger_cfg["mode"]),
+                              logger_cfg["project"], logger_cfg.get("entity"))
+        if logger is not None:
+            loggers.append(logger)
     elif kind == "tensorboard":
         from lightning.pytorch.loggers import TensorBoardLogger
 
