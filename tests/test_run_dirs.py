@@ -46,18 +46,30 @@ def test_a_second_lock_on_a_directory_is_refused_until_the_first_is_released(tmp
     assert not (tmp_path / ".lock").exists()  # released at exit
 
 
+def dead_holder(directory: Path) -> int:
+    """The pid of a process that took the directory's lock and died without releasing it."""
+    code = (f"import os; from archsweep.core.train.rundir import DirectoryLock\n"
+            f"DirectoryLock({str(directory)!r}, 'run').acquire(); print(os.getpid(), flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and (directory / ".lock").exists(), out.stderr
+    return int(out.stdout)
+
+
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
-    pid = dead_pid()
-    (tmp_path / ".lock").write_text(f"{pid} {socket.gethostname()} 0 run\n")
+    pid = dead_holder(tmp_path)
     with caplog.at_level("WARNING", logger="train"):
         lock = DirectoryLock(tmp_path, "run").acquire()
     assert f"stale lock of process {pid}" in caplog.text
     assert (tmp_path / ".lock").read_text().split()[0] == str(os.getpid())
     lock.release()
+    assert not (tmp_path / ".lock").exists()
 
 
 def test_a_lock_held_on_another_host_is_never_taken_over(tmp_path):
-    (tmp_path / ".lock").write_text(f"{dead_pid()} some-other-host 0 sweep\n")
+    dead_holder(tmp_path)
+    lines = (tmp_path / ".lock").read_text().split("\n")
+    lines[1] = "some-other-host"  # the holder's host: this one cannot tell whether that process lives
+    (tmp_path / ".lock").write_text("\n".join(lines))
     with pytest.raises(DirectoryInUse, match=r"on host some-other-host .* remove .*\.lock"):
         DirectoryLock(tmp_path, "run").acquire()
 

@@ -74,13 +74,16 @@ class RunCheckpoint(ModelCheckpoint):
 
 
 class Progress(L.Callback):
-    """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step and
-    per validation. Counts come from the batch's `n_tokens` (a Python int set on the CPU): no device sync."""
+    """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step (with the
+    ETA) and per validation. Counts come from the batch's `n_tokens` (a Python int set on the CPU): no device sync.
+    Lightning's ThroughputMonitor would synchronise CUDA after every batch, reports nothing until its window of
+    batches fills, and has no ETA; its FLOP and MFU side is ours in compute.py (mask-aware FLOPs, a CPU peak)."""
 
     def __init__(self, start_time: float, val_keys: tuple[str, ...] = ("loss", "ppl", "acc", "exact_match")) -> None:
         self.start_time = start_time  # process start, for time to first step
         self.val_keys = val_keys  # what the validation line shows (core/train/summary.py: what fits the task)
         self.first_step_s: float | None = None
+        self.lr: float | None = None  # of the step in progress
         self.tokens = self.window_tokens = 0
         self.train_s = 0.0  # fit time without validation
         self.val_s = 0.0
@@ -97,6 +100,8 @@ class Progress(L.Callback):
         if self.first_step_s is None:
             self.first_step_s = time.time() - self.start_time
             log.info(f"first training step {self.first_step_s:.1f} s after start")
+        if trainer.optimizers:  # the first parameter group's rate for this step (LearningRateMonitor logs them all)
+            self.lr = trainer.optimizers[0].param_groups[0]["lr"]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -118,8 +123,8 @@ class Progress(L.Callback):
         parts = [f"step {step}/{total}", f"loss {float(m['train/loss']):.4f}"]
         if "train/acc" in m:
             parts.append(f"acc {float(m['train/acc']):.3f}")
-        if "train/lr" in m:
-            parts.append(f"lr {float(m['train/lr']):.2e}")
+        if self.lr is not None:
+            parts.append(f"lr {self.lr:.2e}")
         parts += [f"{rate:,.0f} tok/s", f"eta {eta:.0f}s"]
         log.info(" | ".join(parts))
 

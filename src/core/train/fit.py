@@ -23,6 +23,7 @@ from typing import Any
 
 import lightning as L
 import torch.distributed as dist
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, read_write
 
@@ -273,7 +274,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
     last_path = info.run_dir / CKPT_DIR / "last.ckpt"
-    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, StopOnSignal(last_path)]
+    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, StopOnSignal(last_path),
+                                   LearningRateMonitor(logging_interval="step")]  # train/lr/pg<N>
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
