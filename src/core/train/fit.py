@@ -39,7 +39,7 @@ from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import DivergenceMonitor, diagnostic_callbacks
 from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
-from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
+from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup, write_json
@@ -266,8 +266,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                    longest_input=setup.task.max_input_len(setup.model_cfg.kind))
     extra = {"params": n_params, "run_dir": str(info.run_dir)}
     in_place = setup.ckpt_path is not None and info.run_dir.resolve() in Path(setup.ckpt_path).resolve().parents
-    loggers = make_loggers(resolved["logger"], info.run_dir, info.name, info.group, info.tags,
-                           wandb_config(cfg, info, extra), run_id, setup.resume_step if in_place else None)
+    run = LogRun(info.run_dir, info.name, info.group, info.tags, wandb_config(cfg, info, extra), run_id)
+    loggers = make_loggers(resolved["logger"], run, setup.resume_step if in_place else None)
     ckpt_cb = RunCheckpoint(info.run_dir / CKPT_DIR)
     progress = Progress(start_time, validation_keys(setup.task))
     compute = Compute(cfg.trainer.get("peak_flops"), cache_dir(cfg.task.get("cache_dir")))

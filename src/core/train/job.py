@@ -33,7 +33,7 @@ from archsweep.core.train.callback_group import check_callbacks
 from archsweep.core.train.checks import check_ddp_validation, check_optimiser, check_seed, check_trainer, check_warmup
 from archsweep.core.train.console import job_prefix, quiet_libraries, set_job
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
-from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
+from archsweep.core.train.loggers import check_logger, finish_wandb
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process
 from archsweep.core.train.runinfo import RunInfo, run_info
 from archsweep.core.train.setup import ConfigError, Setup, write_json
@@ -212,13 +212,10 @@ def check_training(cfg: DictConfig) -> Checked:
              f"{cfg.schedule.warmup_steps} for the cosine schedule")
     if not 0.0 <= cfg.label_smoothing < 1.0:
         fail(f"label_smoothing={cfg.label_smoothing} must be in [0, 1)")
-    if cfg.logger.name not in LOGGERS:
-        fail(f"logger.name={cfg.logger.name!r} is not a known logger; valid options: {', '.join(LOGGERS)}")
-    if cfg.logger.name == "wandb":
-        try:
-            wandb_mode(cfg.logger.mode)
-        except ValueError as e:
-            fail(str(e))
+    try:
+        check_logger(cfg.logger)
+    except ValueError as e:
+        fail(str(e))
     trainer = cfg.trainer
     if not isinstance(trainer.max_steps, int) or trainer.max_steps < 1:
         fail(f"trainer.max_steps={trainer.max_steps} must be a positive integer (the training stream is endless)")
