@@ -6,7 +6,7 @@
 <run dir>/attention/         attention maps at each validation (step_<step>.png; `diagnostics:` settings; image
                              tasks also patches_step_<step>.png: attention over the patches on the images)
 <run dir>/confusion_matrix_<split>.png, .json   image tasks: the test split's confusion matrix
-<run dir>/results.json       final metrics and facts about the run (keys: README, "Outputs")
+<run dir>/results.json       final metrics and facts about the run (core/train/results.py: `Results`)
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.memory import peak_mib, reset_peak
+from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.runinfo import RunInfo, wandb_config
-from archsweep.core.train.setup import ConfigError, Setup, write_json
+from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.summary import family, summary_line, validation_keys
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
@@ -205,14 +206,14 @@ def interrupted_results(trainer: L.Trainer, stop: BaseException, info: RunInfo, 
                 f"ckpt_path={info.run_dir} (or re-run the sweep)")
     if not trainer.is_global_zero:
         return None
-    results = {"status": "interrupted", "error": None,
-               "interrupted": {"signal": signal.Signals(signum).name, "step": step, "exit_code": 128 + signum},
-               "name": info.name, "group": info.group, "run_dir": str(info.run_dir), "choices": info.choices,
-               "overrides": info.overrides, "seed": cfg.seed, "params": n_params, "steps": step,
-               "last_checkpoint": checkpoint,
-               "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id}
-    write_json(info.run_dir / "results.json", results)
-    return results
+    results = Results(
+        status="interrupted",
+        interrupted={"signal": signal.Signals(signum).name, "step": step, "exit_code": 128 + signum},
+        name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices, overrides=info.overrides,
+        seed=cfg.seed, params=n_params, steps=step, last_checkpoint=checkpoint,
+        resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id)
+    results.write(info.run_dir / RESULTS)
+    return results.to_dict()
 
 
 DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "PL_GLOBAL_SEED",
@@ -322,26 +323,22 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                                        cfg.eval.get("stride"), cfg.eval.get("context_tokens"), progress=log.info)
     results = None
     if trainer.is_global_zero:
-        results = {
-            "status": "diverged" if lit.diverged else "completed", "error": None,
-            "diverged": lit.diverged,  # {"step", "reason"} when the divergence check stopped the run
-            "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
-            "choices": info.choices, "overrides": info.overrides, "seed": cfg.seed, "params": n_params,
-            "task_family": family(setup.task),  # lm, translation, classification, synthetic: compare.py's defaults
-            "steps": trainer.global_step, "train": train, "val": metrics_of("val", val),
-            **{split: metrics_of(split, test) for split in setup.task.test_splits},
-            "by_length": lit.by_length,  # split -> source length -> {"n", "exact_match", "acc"}
-            "by_context": by_context,  # eval.context_lengths: {"split", "train_length", "rows", "ppl_ratio"}
-            "best_checkpoint": best,
-            "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
-            "tokens_per_s": progress.tokens_per_s * trainer.world_size,
+        done = Results(
+            status="diverged" if lit.diverged else "completed", diverged=lit.diverged,
+            name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
+            overrides=info.overrides, seed=cfg.seed, params=n_params, task_family=family(setup.task),
+            steps=trainer.global_step, train=train,
+            splits={"val": metrics_of("val", val), **{s: metrics_of(s, test) for s in setup.task.test_splits}},
+            by_length=lit.by_length, by_context=by_context, best_checkpoint=best,
+            last_checkpoint=str(info.run_dir / CKPT_DIR / "last.ckpt"),
+            resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id,
+            tokens_per_s=progress.tokens_per_s * trainer.world_size,
             **compute.summary(progress.train_s, trainer.world_size),  # flops_per_token, total_flops, mfu, peak_flops
-            "peak_memory_mib": peak_mib(lit.device),  # of this process (rank 0); see core/train/memory.py
-            "train_time_s": progress.train_s, "fit_time_s": fit_s, "wall_time_s": time.time() - start_time,
-            "time_to_first_step_s": progress.first_step_s, "world_size": trainer.world_size,
-            "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id,
-        }
-        write_json(info.run_dir / "results.json", results)
-        log.info(summary_line(setup.task, results, info.run_dir / "results.json"))
+            peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, fit_time_s=fit_s,
+            wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
+            world_size=trainer.world_size)
+        done.write(info.run_dir / RESULTS)
+        results = done.to_dict()
+        log.info(summary_line(setup.task, results, info.run_dir / RESULTS))
     finish_wandb()
     return results

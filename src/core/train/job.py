@@ -34,9 +34,10 @@ from archsweep.core.train.checks import check_ddp_validation, check_optimiser, c
 from archsweep.core.train.console import job_prefix, quiet_libraries, set_job
 from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics
 from archsweep.core.train.loggers import check_logger, finish_wandb
+from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process
 from archsweep.core.train.runinfo import RunInfo, run_info
-from archsweep.core.train.setup import ConfigError, Setup, write_json
+from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.sweep import append_summary, earlier_run
 
 log = logging.getLogger("train")
@@ -320,12 +321,13 @@ def check_resume(setup: Setup) -> None:
 
 
 def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
-    results = {"status": "failed", "error": f"{type(error).__name__}: {error}", "run_dir": str(info.run_dir),
-               "name": info.name, "choices": info.choices, "overrides": info.overrides, "seed": seed}
+    failed = Results(status="failed", error=f"{type(error).__name__}: {error}", run_dir=str(info.run_dir),
+                     name=info.name, choices=info.choices, overrides=info.overrides, seed=seed)
+    results = failed.to_dict()
     try:
         info.run_dir.mkdir(parents=True, exist_ok=True)
         (info.run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
-        write_json(info.run_dir / "results.json", results)
+        failed.write(info.run_dir / RESULTS)
     except OSError as e:  # e.g. the disk that made the run fail is full
         log.error(f"could not record the failure in {info.run_dir}: {e}")
     return results

@@ -30,6 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.model.checkpoint import CKPT_DIR, resolve_checkpoint
+from archsweep.core.train.results import RESULTS, Results
 
 log = logging.getLogger("train")
 LOCK = ".lock"
@@ -130,16 +131,14 @@ def holds_run(run_dir: Path) -> str | None:
         return f"{CKPT_DIR}/{', '.join(ckpts)}"
     if (run_dir / "metrics.csv").is_file():
         return "metrics.csv"
-    results = run_dir / "results.json"
+    results = run_dir / RESULTS
     if results.is_file():
-        import json
-
         try:
-            status = json.loads(results.read_text()).get("status")
-        except (OSError, ValueError, AttributeError):
+            status = Results.read(results).status
+        except (OSError, UnicodeDecodeError, ValueError):
             status = "unreadable"
         if status != "failed" or (run_dir / "config.yaml").is_file():
-            return f"results.json (status {status})"
+            return f"{RESULTS} (status {status})"
     return None
 
 
