@@ -74,6 +74,13 @@ def test_a_lock_held_on_another_host_is_never_taken_over(tmp_path):
         DirectoryLock(tmp_path, "run").acquire()
 
 
+def test_a_lock_in_the_format_before_filelock_is_refused_naming_the_file(tmp_path):
+    (tmp_path / ".lock").write_text(f"{dead_pid()} {socket.gethostname()} 0 run\n")
+    with pytest.raises(DirectoryInUse, match=r"does not name its holder as this version writes it .* remove "
+                                              r".*\.lock"):
+        DirectoryLock(tmp_path, "run").acquire()
+
+
 def test_what_counts_as_a_run(tmp_path):
     assert holds_run(tmp_path) is None
     (tmp_path / ".hydra").mkdir()

@@ -107,6 +107,10 @@ class DirectoryLock:
 
     def _in_use_message(self) -> str:
         pid, host = self._owner()
+        if pid is None:  # e.g. `pid host time what` on one line, as archsweep wrote locks before filelock
+            return (f"{self.path.parent} is locked by {self.path}, which does not name its holder as this version "
+                    f"writes it (a lock from an earlier archsweep?); if no run or sweep is working there, remove "
+                    f"{self.path}")
         try:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.path.stat().st_mtime))
         except OSError:
