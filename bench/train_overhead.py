@@ -25,18 +25,18 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import OmegaConf
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
-from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress
+from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress, RunCheckpoint
 from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
 from archsweep.core.train.diagnostics import check_diagnostics
 from archsweep.core.train.fit import TaskData
 from archsweep.core.train.job import build_task, check_training, model_config
 from archsweep.core.train.lit import LitModel
-from archsweep.core.train.loggers import finish_wandb, make_loggers
+from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers
 from archsweep.core.train.optim import make_optimizer, make_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,13 +88,17 @@ def framework(cfg, task, model_cfg, steps: int, warmup: int, run_dir: Path) -> f
     resolved = OmegaConf.to_container(cfg, resolve=True)
     lit = LitModel(model, task.forward_fn(model_cfg.kind), resolved["optim"], resolved["schedule"],
                    cfg.label_smoothing, cfg.seed, {"config": resolved})
-    loggers = make_loggers({**resolved["logger"], "mode": "offline"}, run_dir, "bench", None, [], {}, "bench0001")
+    logger_cfg = {**resolved["logger"], **({"mode": "offline"} if "mode" in resolved["logger"] else {})}
+    loggers = make_loggers(logger_cfg, LogRun(run_dir, "bench", None, [], {}, "bench0001"))
     timer = StepTimer(warmup)
-    ckpt = ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="best", monitor="val/loss", save_last=True)
+    ckpt = RunCheckpoint(run_dir / "checkpoints")
     args = {**resolved["trainer"], "max_steps": steps, "val_check_interval": steps + 1, "limit_val_batches": 0}
+    for ours in ("peak_flops", "collective_timeout_s"):  # trainer settings of ours, not Lightning's (fit.make_trainer)
+        args.pop(ours, None)
     diagnostics = diagnostic_callbacks(check_diagnostics(cfg), task, model_cfg.kind, None, cfg.seed, run_dir,
                                        compiled=False)  # as train.py runs them (norms every 100 steps, divergence)
-    trainer = L.Trainer(**args, logger=loggers, callbacks=[ckpt, Progress(time.time()), timer, *diagnostics],
+    trainer = L.Trainer(**args, logger=loggers, callbacks=[ckpt, Progress(time.time()), timer, *diagnostics,
+                                                    LearningRateMonitor(logging_interval="step")],
                         plugins=[AtomicCheckpointIO()], default_root_dir=str(run_dir))
     trainer.fit(lit, datamodule=TaskData(task, model_cfg.kind, cfg.seed))
     finish_wandb()

@@ -58,9 +58,12 @@ REFUSED = [
      r"lightning.pytorch.Callback\); name one, e.g. lightning.pytorch.callbacks.EarlyStopping, or remove the "
      r"entry with ~callbacks.x"),
     (["+callbacks.x._target_=lightning.pytorch.callbacks.EarlyStop"],
-     r"callbacks.x._target_=lightning.pytorch.callbacks.EarlyStop cannot be imported \(lightning.pytorch.callbacks "
-     r"has no attribute 'EarlyStop'\); give the full import path"),
-    (["+callbacks.x._target_=no_such_package.Callback"], r"cannot be imported \(no module named 'no_such_package'\)"),
+     r"callbacks.x._target_=lightning.pytorch.callbacks.EarlyStop cannot be imported \(Error loading "
+     r"'lightning.pytorch.callbacks.EarlyStop': .* Are you sure that 'EarlyStop' is importable from module "
+     r"'lightning.pytorch.callbacks'\?\); give the full import path"),
+    (["+callbacks.x._target_=no_such_package.Callback"],
+     r"cannot be imported \(Error loading 'no_such_package.Callback': ModuleNotFoundError\(\"No module named "
+     r"'no_such_package'\"\) Are you sure that module 'no_such_package' is installed\?\)"),
     (["+callbacks.x.monitor=val/loss"], r"callbacks.x has no _target_; give the class of a Lightning callback"),
     (["callbacks=early_stopping", "+callbacks.early_stopping.patiance=2"],
      r"callbacks.early_stopping: lightning.pytorch.callbacks.EarlyStopping got an unexpected keyword argument "

@@ -102,10 +102,15 @@ def test_bad_budgets_are_refused():
 def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path, monkeypatch):
     cpu = torch.device("cpu")
     assert compute.peak_flops(cpu, "32-true", 1e12, tmp_path) == (1e12, "trainer.peak_flops")
+    # a GPU that Lightning's table lists (get_available_flops): its dense peak in the run's precision
     monkeypatch.setattr(compute.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(compute.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     fake_gpu = torch.device("cuda", 0)
-    assert compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path)[0] == 989e12
-    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path)[0] == 67e12
+    assert compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path) == (989.4e12, "NVIDIA H100 80GB HBM3 data "
+                                                                                     "sheet (Lightning's table)")
+    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path)[0] == 66.9e12
+    monkeypatch.setattr(compute.torch, "get_float32_matmul_precision", lambda: "high")
+    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path)[0] == 494.7e12  # fp32 matmuls on TF32 cores
     probes = []
     monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: probes.append(dtype) or 5e10)
     assert compute.peak_flops(cpu, "32-true", None, tmp_path) == (5e10, "matmul probe")
@@ -113,6 +118,9 @@ def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path,
     assert again == 5e10 and "cached" in source and probes == [torch.float32]  # measured once per machine
     compute.peak_flops(cpu, "bf16-mixed", None, tmp_path)
     assert probes == [torch.float32, torch.bfloat16]  # another precision is another peak
+    monkeypatch.setattr(compute.torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
+    with pytest.warns(UserWarning, match="FLOPs not found for 'NVIDIA B200'"):  # not in Lightning's table: probed
+        assert compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path) == (5e10, "matmul probe")
     (tmp_path / "peak_flops.json").write_text("{not json")
     assert compute.peak_flops(cpu, "32-true", None, tmp_path)[0] == 5e10  # a corrupt cache is measured again
 

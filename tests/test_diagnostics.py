@@ -36,7 +36,6 @@ from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.train.diagnostic_callbacks import (
     DivergenceMonitor,
     grad_group,
-    grad_groups,
     group_grad_norms,
     residual_hooks,
     token_norm,
@@ -73,10 +72,13 @@ def metric_rows(run_dir: Path) -> list[dict[str, str]]:
 
 def test_grad_groups_are_blocks_embeddings_and_head():
     model = tiny("encoder_decoder", tie_embeddings=False, norm="pre")
-    names, params = grad_groups(model)
-    assert names == ["encoder.embed", "encoder.0", "encoder.1", "encoder.final_norm", "decoder.embed", "decoder.0",
-                     "decoder.1", "decoder.final_norm", "head"]
-    assert len(params) == len(list(model.parameters()))  # every parameter in exactly one group
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    norms = group_grad_norms(model)
+    assert list(norms) == ["encoder.embed", "encoder.0", "encoder.1", "encoder.final_norm", "decoder.embed",
+                           "decoder.0", "decoder.1", "decoder.final_norm", "head"]
+    # every parameter in exactly one group: the squared norms of all-ones gradients add up to the parameter count
+    assert sum(float(n) ** 2 for n in norms.values()) == pytest.approx(sum(p.numel() for p in model.parameters()))
     assert grad_group("decoder.blocks.11.cross_attn.q_proj.weight") == "decoder.11"
     assert grad_group("classifier.weight") == "classifier"
 
@@ -86,9 +88,7 @@ def test_group_grad_norms_equal_each_blocks_own_norm():
     src, tgt = torch.randint(4, 20, (3, 7)), torch.randint(4, 20, (3, 5))
     logits = model(src, tgt)
     F.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
-    names, params = grad_groups(model)
-    present, norms = group_grad_norms(params, len(names))
-    got = dict(zip([names[g] for g in present], norms.tolist(), strict=True))
+    got = {group: float(norm) for group, norm in group_grad_norms(model).items()}
     for stack in ("encoder", "decoder"):
         for i, block in enumerate(getattr(model, stack).blocks):
             grads = torch.cat([p.grad.flatten() for p in block.parameters()])

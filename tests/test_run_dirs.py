@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from archsweep.core.data import cache
 from archsweep.core.train.job import usable_checkpoint
-from archsweep.core.train.loggers import history_csv_logger
+from archsweep.core.train.metrics_csv import MetricsCSV
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, claim_run_dir, clean_stale_temp, holds_run
 from archsweep.core.train.runinfo import RunInfo
 
@@ -45,19 +46,38 @@ def test_a_second_lock_on_a_directory_is_refused_until_the_first_is_released(tmp
     assert not (tmp_path / ".lock").exists()  # released at exit
 
 
+def dead_holder(directory: Path) -> int:
+    """The pid of a process that took the directory's lock and died without releasing it."""
+    code = (f"import os; from archsweep.core.train.rundir import DirectoryLock\n"
+            f"DirectoryLock({str(directory)!r}, 'run').acquire(); print(os.getpid(), flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and (directory / ".lock").exists(), out.stderr
+    return int(out.stdout)
+
+
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
-    pid = dead_pid()
-    (tmp_path / ".lock").write_text(f"{pid} {socket.gethostname()} 0 run\n")
+    pid = dead_holder(tmp_path)
     with caplog.at_level("WARNING", logger="train"):
         lock = DirectoryLock(tmp_path, "run").acquire()
     assert f"stale lock of process {pid}" in caplog.text
     assert (tmp_path / ".lock").read_text().split()[0] == str(os.getpid())
     lock.release()
+    assert not (tmp_path / ".lock").exists()
 
 
 def test_a_lock_held_on_another_host_is_never_taken_over(tmp_path):
-    (tmp_path / ".lock").write_text(f"{dead_pid()} some-other-host 0 sweep\n")
+    dead_holder(tmp_path)
+    lines = (tmp_path / ".lock").read_text().split("\n")
+    lines[1] = "some-other-host"  # the holder's host: this one cannot tell whether that process lives
+    (tmp_path / ".lock").write_text("\n".join(lines))
     with pytest.raises(DirectoryInUse, match=r"on host some-other-host .* remove .*\.lock"):
+        DirectoryLock(tmp_path, "run").acquire()
+
+
+def test_a_lock_in_the_format_before_filelock_is_refused_naming_the_file(tmp_path):
+    (tmp_path / ".lock").write_text(f"{dead_pid()} {socket.gethostname()} 0 run\n")
+    with pytest.raises(DirectoryInUse, match=r"does not name its holder as this version writes it .* remove "
+                                              r".*\.lock"):
         DirectoryLock(tmp_path, "run").acquire()
 
 
@@ -113,7 +133,7 @@ def test_resumed_metrics_keep_the_rows_before_the_checkpoint_and_never_repeat_a_
         w.writeheader()
         w.writerows([{"epoch": 0, "step": s, "train/loss": s / 10} for s in (1, 3, 5, 7, 9, 11, 13)])
         w.writerow({"epoch": 0, "step": 9, "val/loss": 0.5})
-    logger = history_csv_logger(tmp_path, keep_before=10)  # resumed from the checkpoint at step 10
+    logger = MetricsCSV(tmp_path, keep_before=10)  # resumed from the checkpoint at step 10
     logger.log_metrics({"train/loss": 1.1, "train/acc": 0.5}, step=11)
     logger.save()
     with open(tmp_path / "metrics.csv") as f:
@@ -122,7 +142,14 @@ def test_resumed_metrics_keep_the_rows_before_the_checkpoint_and_never_repeat_a_
         (1, "0.1"), (3, "0.3"), (5, "0.5"), (7, "0.7"), (9, "0.9"), (11, "1.1")]
     assert [r["val/loss"] for r in rows if r["val/loss"]] == ["0.5"]
     assert rows[-1]["train/acc"] == "0.5"  # a new column rewrites the header, the history stays
-    fresh = history_csv_logger(tmp_path, keep_before=None)  # a new run in the directory starts its own file
+    logger.log_metrics({"train/loss": torch.tensor(1.5)}, step=13)  # the same columns: appended
+    logger.save()
+    logger.save()  # nothing new: nothing written twice
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["train/loss"], r["train/acc"]) for r in rows[-2:]] == [("11", "1.1", "0.5"),
+                                                                                ("13", "1.5", "")]
+    fresh = MetricsCSV(tmp_path, keep_before=None)  # a new run in the directory starts its own file
     fresh.log_metrics({"train/loss": 9.0}, step=1)
     fresh.save()
     assert len(list(csv.DictReader(open(tmp_path / "metrics.csv")))) == 1
@@ -181,3 +208,31 @@ def test_default_directories_are_unique_per_launch():
     assert hydra_cfg["run"]["dir"].endswith("_${unique:}") and hydra_cfg["sweep"]["dir"].endswith("_${unique:}")
     names = {OmegaConf.create({"d": "${unique:}"}).d for _ in range(50)}
     assert len(names) == 50 and all(len(n) == 6 for n in names)
+
+
+def test_restored_checkpoint_paths_are_this_runs_own_or_dropped(tmp_path):
+    from archsweep.core.train.callbacks import RunCheckpoint
+
+    old, here = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    here.mkdir(parents=True)
+    state = RunCheckpoint(old).state_dict() | {
+        "best_model_path": str(old / "best.ckpt"), "best_model_score": 1.5, "last_model_path": str(old / "last.ckpt"),
+        "kth_best_model_path": str(old / "best.ckpt"), "kth_value": 1.5, "best_k_models": {str(old / "best.ckpt"): 1.5}}
+    dropped = RunCheckpoint(here)
+    dropped.load_state_dict(state)  # a resume into a new folder: nothing of the old run's survives
+    assert (dropped.best_model_path, dropped.best_model_score, dropped.last_model_path) == ("", None, "")
+    assert dropped.best_k_models == {} and dropped.kth_best_model_path == ""
+    (here / "best.ckpt").touch()
+    (here / "last.ckpt").touch()
+    moved = RunCheckpoint(here)
+    moved.load_state_dict(state)  # the run's folder moved whole: the same files, found where they are now
+    assert moved.best_model_path == str(here / "best.ckpt") and moved.best_model_score == 1.5
+    assert moved.last_model_path == str(here / "last.ckpt") and moved.best_k_models == {str(here / "best.ckpt"): 1.5}
+    in_place = RunCheckpoint(here)
+    in_place.load_state_dict(moved.state_dict())
+    assert in_place.state_dict() == moved.state_dict()
+    # checkpoints written with the stock callback restore into this one
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    stock = ModelCheckpoint(dirpath=str(here), filename="best", monitor="val/loss", mode="min")
+    assert stock.state_key == in_place.state_key

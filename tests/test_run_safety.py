@@ -85,6 +85,27 @@ def test_a_finished_run_directory_is_refused_unless_resumed_or_overwritten(tmp_p
     assert results(run_dir)["seed"] == 1 and results(run_dir)["status"] == "completed"
 
 
+def test_a_run_moved_to_another_folder_resumes_to_completion_with_its_own_checkpoints(tmp_path):
+    first = tmp_path / "first"
+    args = [*TINY, "trainer.val_check_interval=4", "eval.decode_samples=0"]
+    code, out = train(tmp_path, *args, "trainer.max_steps=4", f"hydra.run.dir={first}")
+    assert code == 0, out[-3000:]
+    before = results(first)
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    first.rename(moved)  # the old folder is gone: nothing may still point into it
+    code, out = train(tmp_path, *args, "trainer.max_steps=6", f"hydra.run.dir={moved}", f"ckpt_path={moved}")
+    assert code == 0, out[-3000:]
+    after = results(moved)
+    assert after["status"] == "completed" and after["steps"] == 6
+    # no validation after the resume (the next is due at step 8): the best checkpoint is the moved step-4 one
+    assert after["best_checkpoint"] == str(moved / "checkpoints" / "best.ckpt")
+    assert after["val"] == before["val"]
+    assert after["last_checkpoint"] == str(moved / "checkpoints" / "last.ckpt")
+    assert torch.load(moved / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    assert not first.exists()
+
+
 def test_launches_at_the_same_moment_never_share_a_directory(tmp_path):
     for _ in range(3):
         procs = [launch(tmp_path, *QUICK, f"seed={i}", "output_root=out") for i in range(2)]

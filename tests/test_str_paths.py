@@ -49,7 +49,7 @@ def test_checkpoint_and_run_readers_take_str_paths(tmp_path):
     assert find_runs(str(tmp_path)) == [run_dir]
     series = read_metrics(str(run_dir / "metrics.csv"))["train/loss"]
     assert series == read_metrics(run_dir / "metrics.csv")["train/loss"] and [v for _, v in series] == [2.5]
-    assert read_results(str(run_dir / "results.json"))["status"] == "interrupted"
+    assert read_results(str(run_dir / "results.json")).status == "interrupted"
     assert read_config(str(run_dir)) == {"seed": 0}
     skipped = load_run(str(run_dir))
     assert isinstance(skipped, Skipped) and "interrupted by SIGTERM at step 7: resume it" in skipped.reason

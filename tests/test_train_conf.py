@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -20,7 +19,8 @@ from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
 from archsweep.core.train.diagnostics import DiagnosticsConfig
 from archsweep.core.train.job import build_task, check_training, model_config
-from archsweep.core.train.loggers import make_loggers
+from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers
+from archsweep.core.train.metrics_csv import MetricsCSV
 from archsweep.core.train.optim import make_optimizer, make_scheduler
 from archsweep.core.train.schemas import SCHEMAS, BudgetSchema, EvalSchema, typed
 from archsweep.core.train.setup import ConfigError
@@ -166,11 +166,32 @@ def test_logger_option_makes_loggers(choice, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = compose_train(choice)
     check_training(cfg)
-    loggers = make_loggers(OmegaConf.to_container(cfg.logger), tmp_path, "name", None, [], {}, "abcd1234")
+    run = LogRun(tmp_path, "name", "group", ["model=encoder_decoder"], {"seed": 0}, "abcd1234")
+    try:
+        loggers = make_loggers(OmegaConf.to_container(cfg.logger), run)
+    finally:
+        finish_wandb()
     kinds = [type(x).__name__ for x in loggers]
-    assert isinstance(loggers[0], L.pytorch.loggers.CSVLogger)  # the local metrics file, whatever the choice
-    expected = {"wandb": ["WandbLogger"], "tensorboard": ["TensorBoardLogger"]}.get(cfg.logger.name, [])
+    assert isinstance(loggers[0], MetricsCSV)  # the local metrics file, whatever the choice
+    expected = {"logger=wandb": ["WandbLogger"], "logger=tensorboard": ["TensorBoardLogger"]}.get(choice, [])
     assert kinds[1:] == expected
+    if choice == "logger=wandb":  # the W&B run was started offline in the run directory, under the run's id
+        assert loggers[1].version == "abcd1234"
+        assert list(tmp_path.glob("wandb/offline-run-*-abcd1234/run-abcd1234.wandb"))
+    if choice == "logger=tensorboard":
+        assert Path(loggers[1].log_dir) == tmp_path / "tensorboard"
+
+
+@pytest.mark.parametrize("override, match", [
+    ("logger._target_=archsweep.core.train.loggers.wandb_loger",
+     r"logger._target_=archsweep.core.train.loggers.wandb_loger cannot be imported \(.*\); name a logger factory"),
+    ("logger._partial_=false", r"logger._partial_ must be true: archsweep.core.train.loggers.wandb_logger is called "
+                               r"with the run"),
+    ("logger.mode=sometimes", r"logger.mode='sometimes' is not a known option"),
+])
+def test_a_bad_logger_is_refused_naming_the_field(override, match):
+    with pytest.raises(ConfigError, match=match):
+        check_training(compose_train("logger=wandb", override))
 
 
 SCHEMA_GROUPS = ("optim", "schedule", "decoding", "trainer")  # groups whose options name a schema (schemas.py)

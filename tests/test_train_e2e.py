@@ -29,7 +29,7 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "name", "group", "run_dir", "choices", "overrides", "seed", "params", "steps", "train",
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib",
-               "flops_per_token", "total_flops", "mfu", "peak_flops", "task_family"}
+               "flops_per_token", "total_flops", "mfu", "peak_flops", "task_family", "interrupted", "version"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
 GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding",
           "callbacks",

@@ -86,7 +86,7 @@ GROUP_BY = ("task",)
 
 
 def task_of(run: Run) -> str:
-    return str(run.values.get("task") or (run.results.get("choices") or {}).get("task") or "-")
+    return str(run.values.get("task") or (run.results.choices or {}).get("task") or "-")
 
 
 def check_tasks(runs: list[Run], group_by: str | None) -> None:

@@ -52,7 +52,7 @@ def language_models(runs: list[Run]) -> bool:
     """Whether every completed (or diverged) run is a language model's, by results.json's `task_family`; runs
     written before the field existed do not say, and keep the general defaults. Exact match over a window of text
     is always 0."""
-    families = {r.results.get("task_family") for r in runs if r.status in ("completed", "diverged")}
+    families = {r.results.task_family for r in runs if r.status in ("completed", "diverged")}
     return families == {"lm"}  # failed runs record no family and do not count
 
 
@@ -96,7 +96,7 @@ def varying_keys(runs: list[Run], sweep_keys: list[str]) -> list[str]:
     """Keys whose value differs between runs, plus the sweep's own swept keys; seed and logging keys left out.
     A key missing from a run takes its value from the run's config.yaml (it was left at its default)."""
     order = [k for k in sweep_keys if k in {k for r in runs for k in r.values}]
-    order += [k for r in runs for k in [*map(key_of, r.results.get("overrides") or []), *r.values]]
+    order += [k for r in runs for k in [*map(key_of, r.results.overrides or []), *r.values]]
     keys = [k for k in dict.fromkeys(order) if k != "seed" and not ignored(k)]
     for run in runs:
         missing = [k for k in keys if k not in run.values]
@@ -203,9 +203,9 @@ def available_columns(runs: list[Run]) -> list[str]:
     """Every final number the runs have: 'split/name' for the metric dicts, top-level numbers by name."""
     keys: set[str] = set()
     for run in runs:
-        for key, value in run.results.items():
+        for key, value in run.results.to_dict().items():
             if isinstance(value, dict) and key not in ("choices", "by_length", "diverged"):
                 keys |= {f"{key}/{name}" for name in value if metric(run, f"{key}/{name}") is not None}
-            elif key != "seed" and metric(run, key) is not None:
+            elif key not in ("seed", "version") and metric(run, key) is not None:
                 keys.add(key)
     return sorted(keys, key=lambda k: ("/" not in k, k)) + ["target"]

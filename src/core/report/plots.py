@@ -41,7 +41,7 @@ def points(series: Series) -> list[tuple[float, float]]:
 def by_length(run: Run, name: str = "exact_match") -> dict[float, float]:
     """Length -> metric over all test splits (weighted by examples where a length is in several)."""
     sums: dict[float, list[float]] = {}
-    for split in (run.results.get("by_length") or {}).values():
+    for split in (run.results.by_length or {}).values():
         for length, m in (split or {}).items():
             try:
                 n, value = float(m.get("n", 1)), float(m[name])
@@ -57,7 +57,7 @@ def train_length_edge(runs: list[Run]) -> float | None:
     results say."""
     edges = []
     for run in runs:
-        splits = run.results.get("by_length") or {}
+        splits = run.results.by_length or {}
         if isinstance(splits.get("test"), dict) and splits.get("test_long"):
             try:
                 edges.append(max(float(k) for k in splits["test"]))
@@ -181,7 +181,7 @@ def plot_by_length(cells: list[Cell], path: Path, name: str = "exact_match") -> 
 
 def by_context(run: Run) -> dict[float, float]:
     """Evaluation length -> test perplexity (non-overlapping windows) from results.json's by_context."""
-    rows = (run.results.get("by_context") or {}).get("rows") or []
+    rows = (run.results.by_context or {}).get("rows") or []
     return {float(r["length"]): float(r["ppl"]) for r in rows
             if isinstance(r, dict) and r.get("applicable") and r.get("mode") == "non_overlapping"}
 
@@ -195,7 +195,7 @@ def plot_by_context(cells: list[Cell], path: Path) -> Path | None:
                     "perplexity", len(drawn))
     ax.set(xscale="log", yscale="log")
     _plot(ax, drawn)
-    trained = {(r.results.get("by_context") or {}).get("train_length") for c in cells for r in c.of("completed")}
+    trained = {(r.results.by_context or {}).get("train_length") for c in cells for r in c.of("completed")}
     trained.discard(None)
     for length in sorted(trained):
         ax.axvline(length, color="grey", ls="--", lw=1, label=f"training context ({length})")

@@ -123,7 +123,7 @@ def run_lists(report: Report, base: Path, md: bool) -> list[tuple[str, list[str]
         seed = f"seed={run.values['seed']}" if "seed" in run.values else ""
         return " ".join(x for x in (cell.label if report.keys else "", seed) if x)
 
-    failed = [line(r.run_dir, named(c, r), first_line(r.results.get("error"))) for c in report.cells
+    failed = [line(r.run_dir, named(c, r), first_line(r.results.error)) for c in report.cells
               for r in c.of("failed")]
     diverged = [line(r.run_dir, named(c, r), divergence(r)) for c in report.cells for r in c.of("diverged")]
     skipped = [line(s.run_dir, s.name, s.reason) for s in report.skipped]
@@ -136,7 +136,7 @@ def first_line(error: Any) -> str:
 
 
 def divergence(run: Run) -> str:
-    info = run.results.get("diverged") or {}
+    info = run.results.diverged or {}
     return f"at step {info.get('step', '?')}: {info.get('reason', 'no reason recorded')}"
 
 
@@ -213,8 +213,8 @@ def json_text(report: Report) -> str:
              for c in report.cells]
     data = {"sources": [str(s) for s in report.sources], "keys": report.keys, "columns": report.columns,
             "target": str(report.target) if report.target else None, "sort": vars(report.sort), "cells": cells,
-            "failed": [{"run_dir": str(r.run_dir), "error": r.results.get("error")} for r in report.runs("failed")],
-            "diverged": [{"run_dir": str(r.run_dir), **(r.results.get("diverged") or {})}
+            "failed": [{"run_dir": str(r.run_dir), "error": r.results.error} for r in report.runs("failed")],
+            "diverged": [{"run_dir": str(r.run_dir), **(r.results.diverged or {})}
                          for r in report.runs("diverged")],
             "skipped": [{"run_dir": str(s.run_dir), "reason": s.reason} for s in report.skipped],
             "notes": report.notes, "plots": {t: str(p) for t, p in report.plots.items()},

@@ -4,17 +4,16 @@ overrides. Nothing here raises on a bad file; a run that cannot be used becomes 
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.runinfo import is_setting, override_key
 
-RESULTS, METRICS, OVERRIDES = "results.json", "metrics.csv", ".hydra/overrides.yaml"
-STATUSES = ("completed", "failed", "diverged", "interrupted")
+METRICS, OVERRIDES = "metrics.csv", ".hydra/overrides.yaml"
 
 Series = list[tuple[int, float]]  # (step, value), step counted from 1: the optimiser steps taken
 
@@ -27,7 +26,7 @@ class CompareError(ValueError):
 class Run:
     run_dir: Path
     status: str  # completed | failed | diverged
-    results: dict[str, Any]
+    results: Results
     values: dict[str, str]  # key -> value: the group choices and the job's overrides, seed included
     metrics: dict[str, Series] | None = None  # None: metrics.csv missing or unreadable
     notes: list[str] = field(default_factory=list)  # why some of it could not be read
@@ -119,27 +118,20 @@ def job_name(run_dir: Path) -> str:
     return " ".join(str(o) for o in overrides if not ignored(key_of(str(o))))
 
 
-def read_values(results: dict[str, Any]) -> dict[str, str]:
-    values = {g: canon(o) for g, o in (results.get("choices") or {}).items() if not ignored(g)}
-    for override in results.get("overrides") or []:
+def read_values(results: Results) -> dict[str, str]:
+    values = {g: canon(o) for g, o in (results.choices or {}).items() if not ignored(g)}
+    for override in results.overrides or []:
         key = key_of(override)
         if not ignored(key):
             values[key] = canon(override.split("=", 1)[1]) if "=" in override else "(deleted)"
-    if "seed" in results and "seed" not in values:
-        values["seed"] = canon(results["seed"])
+    if results.seed is not None and "seed" not in values:
+        values["seed"] = canon(results.seed)
     return values
 
 
-def read_results(path: str | Path) -> dict[str, Any]:
-    results = json.loads(Path(path).read_text())
-    if not isinstance(results, dict):
-        raise ValueError(f"expected a JSON object, found {type(results).__name__}")
-    if results.get("status") not in STATUSES:
-        raise ValueError(f"status={results.get('status')!r}, expected one of {', '.join(STATUSES)}")
-    for key in ("choices", "val", "test", "by_length", "diverged"):
-        if results.get(key) is not None and not isinstance(results[key], dict):
-            raise ValueError(f"{key!r} is a {type(results[key]).__name__}, expected an object")
-    return results
+def read_results(path: str | Path) -> Results:
+    """results.json of any version training wrote (core/train/results.py); ValueError saying what is wrong."""
+    return Results.read(path)
 
 
 def load_run(run_dir: str | Path) -> Run | Skipped:
@@ -151,11 +143,11 @@ def load_run(run_dir: str | Path) -> Run | Skipped:
         results = read_results(path)
     except (OSError, UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
         return Skipped(run_dir, f"unreadable {RESULTS}: {e}", job_name(run_dir))
-    if results["status"] == "interrupted":  # stopped by a signal; resuming it finishes it
-        stop = results.get("interrupted") or {}
+    if results.status == "interrupted":  # stopped by a signal; resuming it finishes it
+        stop = results.interrupted or {}
         return Skipped(run_dir, f"interrupted by {stop.get('signal', 'a signal')} at step {stop.get('step', '?')}: "
                                 f"resume it (ckpt_path=<this dir>, or re-run the sweep)", job_name(run_dir))
-    run = Run(run_dir, results["status"], results, read_values(results))
+    run = Run(run_dir, results.status, results, read_values(results))
     if run.status != "failed":
         try:
             run.metrics = read_metrics(run_dir / METRICS)
@@ -173,9 +165,7 @@ def number(value: Any) -> float | None:
 
 def metric(run: Run, key: str) -> float | None:
     """A final metric by table key: 'val/loss', 'test_long/exact_match', 'tokens_per_s', 'params'."""
-    split, _, name = key.partition("/")
-    value = (run.results.get(split) or {}).get(name) if name else run.results.get(split)
-    return number(value)
+    return number(run.results.value(key))
 
 
 def read_config(run_dir: str | Path) -> Any:

@@ -2,7 +2,8 @@
 decoding, diagnostics), one entry each with a `_target_`, as in lightning-hydra-template:
 
     python train.py callbacks=early_stopping                      # conf/callbacks/early_stopping.yaml
-    python train.py +callbacks.lr_monitor._target_=lightning.pytorch.callbacks.LearningRateMonitor
+    python train.py +callbacks.swa._target_=lightning.pytorch.callbacks.StochasticWeightAveraging \\
+        +callbacks.swa.swa_lrs=0.01
     python train.py callbacks=none                                # none
 
 `check_callbacks` runs with job.py's checks, before training: it imports each target (Lightning only when an
@@ -12,8 +13,8 @@ does not take. `make_callbacks` instantiates the checked entries for the Trainer
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import logging
 from typing import Any
 
 CALLBACK = "lightning.pytorch.callbacks.callback.Callback"  # where lightning.pytorch.Callback is defined
@@ -22,22 +23,18 @@ HYDRA_KEYS = ("_target_", "_args_", "_recursive_", "_convert_", "_partial_")
 
 
 def locate(path: str) -> Any:
-    """The object a dotted path names (module, then attributes); ValueError saying what is missing."""
-    parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        module_name = ".".join(parts[:i])
-        try:
-            obj = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:  # a shorter prefix may be the module; a missing dependency is an error
-            if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
-                raise ValueError(f"importing {module_name} failed: {e}") from None
-            continue
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                raise ValueError(f"{obj.__name__} has no attribute {attr!r}")
-            obj = getattr(obj, attr)
-        return obj
-    raise ValueError(f"no module named {parts[0]!r}")
+    """The object a dotted path names (Hydra's `get_object`); ValueError with Hydra's reason in one line."""
+    from hydra.utils import get_object
+
+    hydra_log = logging.getLogger("hydra.utils")  # it logs the failure too; the ValueError says it once
+    level = hydra_log.level
+    hydra_log.setLevel(logging.CRITICAL)
+    try:
+        return get_object(path)
+    except ImportError as e:
+        raise ValueError(" ".join(line.strip() for line in str(e).splitlines() if line.strip())) from None
+    finally:
+        hydra_log.setLevel(level)
 
 
 def _is_callback(obj: Any) -> bool:

@@ -1,5 +1,6 @@
-"""Lightning callbacks and plugins of train.py: progress lines with throughput, atomic checkpoint writes, and a
-stop on SIGTERM / SIGINT that leaves a checkpoint at the current step."""
+"""Lightning callbacks and plugins of train.py: progress lines with throughput, atomic checkpoint writes, a
+checkpoint callback whose paths stay inside the run that uses them, and a stop on SIGTERM / SIGINT that leaves a
+checkpoint at the current step."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from archsweep.core.model.checkpoint import atomic_save, safe_load
@@ -28,14 +30,61 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return safe_load(path, map_location=map_location)
 
 
+class RunCheckpoint(ModelCheckpoint):
+    """A run's checkpoints in `dirpath`: best.ckpt (lowest val/loss) and last.ckpt. The state it restores names
+    checkpoints by absolute path; a path outside this run's checkpoint folder is replaced by the file of the same
+    name in this folder where one exists (a run copied or moved whole), and is dropped, with its score, where
+    none does (a resume into a new run directory), so best.ckpt and last.ckpt are always this run's own.
+    `saved_step` is the global step of the newest checkpoint this trainer wrote (None before any)."""
+
+    def __init__(self, dirpath: str | Path) -> None:
+        super().__init__(dirpath=str(dirpath), filename="best", monitor="val/loss", mode="min", save_top_k=1,
+                         save_last=True, auto_insert_metric_name=False, enable_version_counter=False)
+        self.saved_step: int | None = None
+
+    @property
+    def state_key(self) -> str:
+        # the stock callback's key, so checkpoints written with ModelCheckpoint restore into this one and back
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        self.saved_step = trainer.global_step
+
+    def own_path(self, path: str) -> str:
+        """`path` if it is in this run's checkpoint folder, else the file of that name there, else ""."""
+        if not path:
+            return ""
+        here = Path(str(self.dirpath))
+        if Path(path).parent == here:
+            return path
+        mine = here / Path(path).name
+        return str(mine) if mine.is_file() else ""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict, dirpath=self.dirpath)  # every field restored; the paths made this run's own
+        moved = {path: self.own_path(path) for path in state.get("best_k_models", {})}
+        state["best_k_models"] = {moved[p]: score for p, score in state.get("best_k_models", {}).items() if moved[p]}
+        for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+            state[key] = self.own_path(state.get(key) or "")
+        if not state["best_model_path"]:
+            state["best_model_score"] = None
+        if not state["kth_best_model_path"]:
+            state.pop("kth_value", None)
+        super().load_state_dict(state)
+
+
 class Progress(L.Callback):
-    """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step and
-    per validation. Counts come from the batch's `n_tokens` (a Python int set on the CPU): no device sync."""
+    """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step (with the
+    ETA) and per validation. Counts come from the batch's `n_tokens` (a Python int set on the CPU): no device sync.
+    Lightning's ThroughputMonitor would synchronise CUDA after every batch, reports nothing until its window of
+    batches fills, and has no ETA; its FLOP and MFU side is ours in compute.py (mask-aware FLOPs, a CPU peak)."""
 
     def __init__(self, start_time: float, val_keys: tuple[str, ...] = ("loss", "ppl", "acc", "exact_match")) -> None:
         self.start_time = start_time  # process start, for time to first step
         self.val_keys = val_keys  # what the validation line shows (core/train/summary.py: what fits the task)
         self.first_step_s: float | None = None
+        self.lr: float | None = None  # of the step in progress
         self.tokens = self.window_tokens = 0
         self.train_s = 0.0  # fit time without validation
         self.val_s = 0.0
@@ -52,6 +101,8 @@ class Progress(L.Callback):
         if self.first_step_s is None:
             self.first_step_s = time.time() - self.start_time
             log.info(f"first training step {self.first_step_s:.1f} s after start")
+        if trainer.optimizers:  # the first parameter group's rate for this step (LearningRateMonitor logs them all)
+            self.lr = trainer.optimizers[0].param_groups[0]["lr"]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -73,8 +124,8 @@ class Progress(L.Callback):
         parts = [f"step {step}/{total}", f"loss {float(m['train/loss']):.4f}"]
         if "train/acc" in m:
             parts.append(f"acc {float(m['train/acc']):.3f}")
-        if "train/lr" in m:
-            parts.append(f"lr {float(m['train/lr']):.2e}")
+        if self.lr is not None:
+            parts.append(f"lr {self.lr:.2e}")
         parts += [f"{rate:,.0f} tok/s", f"eta {eta:.0f}s"]
         log.info(" | ".join(parts))
 

@@ -1,10 +1,11 @@
 """Compute accounting of a run: FLOPs per batch (the model's analytic count, `archsweep.variants.flops`), their
 running total, and model-FLOP utilisation (MFU) against the device's peak.
 
-The peak is `trainer.peak_flops` when set; on a GPU whose model is in `GPU_PEAKS`, its dense bf16 (mixed
-precision) or fp32 peak from the vendor's data sheet; otherwise (CPUs, other GPUs) the best rate of a short
-matmul probe in the run's precision, measured once per machine and cached (`peak_flops.json` in the cache
-directory). On a CPU the probe is the honest ceiling: no data sheet knows how many cores torch gets.
+The peak is `trainer.peak_flops` when set; on a GPU that Lightning's table of data-sheet peaks knows
+(`lightning.fabric.utilities.throughput.get_available_flops`), its peak in the run's precision (TF32 where
+fp32 matmuls may use it); otherwise (CPUs, other GPUs) the best rate of a short matmul probe in the run's
+precision, measured once per machine and cached (`peak_flops.json` in the cache directory). On a CPU the probe is
+the honest ceiling: no data sheet knows how many cores torch gets.
 """
 
 from __future__ import annotations
@@ -19,20 +20,15 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 
 from archsweep.core.data.tasks.forward import flop_shape
 from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops
 
 log = logging.getLogger(__name__)
 
-# dense (no sparsity) peaks in FLOP/s: (bf16 tensor core, fp32 without tensor cores); substrings of the device name
-GPU_PEAKS: dict[str, tuple[float, float]] = {
-    "H200": (989e12, 67e12), "H100 PCIe": (756e12, 51e12), "H100": (989e12, 67e12), "GH200": (989e12, 67e12),
-    "A100": (312e12, 19.5e12), "A10G": (70e12, 31.2e12), "A10": (125e12, 31.2e12), "L40S": (362e12, 91.6e12),
-    "L4": (121e12, 30.3e12), "RTX 4090": (165e12, 82.6e12), "RTX 3090": (71e12, 35.6e12),
-    "B200": (2250e12, 80e12), "MI300X": (1307e12, 163e12),
-}
 PROBE_SIZE = 1024  # the probe multiplies two PROBE_SIZE x PROBE_SIZE matrices
+DATA_SHEET = "data sheet (Lightning's table)"
 
 
 def probe_dtype(precision: str) -> torch.dtype:
@@ -88,10 +84,9 @@ def peak_flops(device: torch.device, precision: str, override: float | None, cac
         return float(override), "trainer.peak_flops"
     dtype = probe_dtype(precision)
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, (half, single) in GPU_PEAKS.items():
-            if key in name:
-                return (single if dtype == torch.float32 else half), f"{name} data sheet"
+        listed = get_available_flops(device, dtype)  # None (with a warning naming the device) if not listed
+        if listed:
+            return float(listed), f"{torch.cuda.get_device_name(device)} {DATA_SHEET}"
     known, path, key = _cached(device, dtype, cache)
     if key in known:
         return float(known[key]), f"matmul probe (cached in {path})"
@@ -191,8 +186,11 @@ class Compute(L.Callback):
         """results.json's figures: FLOPs per token, total FLOPs of all processes (each counts its own batches),
         MFU of this fit per device (`train_s`: its training time without validation)."""
         mfu = self.flops_this_fit / train_s / self.peak if train_s > 0 and self.peak > 0 else None
+        if mfu is not None and mfu > 1.0 and DATA_SHEET in self.peak_source:
+            log.warning(f"MFU {mfu:.0%} against {self.peak / 1e12:.3g} TFLOP/s ({self.peak_source}): that figure is "
+                        f"not this device's peak; set trainer.peak_flops to the data sheet's dense figure")
         if mfu is not None and mfu > 1.0 and self.peak_override is None and self.peak_source != "" and \
-                "data sheet" not in self.peak_source:
+                DATA_SHEET not in self.peak_source:
             old = self.peak  # a cached probe taken under load: this run beat it, so measure again
             self.peak = remeasure(self.device, self.precision, self.cache)
             log.warning(f"MFU {mfu:.0%} against the cached peak {old / 1e9:.1f} GFLOP/s, which must have been probed "

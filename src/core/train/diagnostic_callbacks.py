@@ -1,8 +1,8 @@
 """Lightning callbacks of the training diagnostics (settings and metric keys: `archsweep.core.train.diagnostics`).
 
-- `LayerNorms`: every `every_n_steps` steps, the gradient L2 norm of each block before clipping (one fused
-  `_foreach_norm`) and the mean per-token L2 norm of the residual stream after the embedding and each block
-  (forward hooks that exist only during that step's forward). One host-device sync on those steps, none on others.
+- `LayerNorms`: every `every_n_steps` steps, the gradient L2 norm of each block before clipping (Lightning's
+  per-parameter `grad_norm`, combined per block) and the mean per-token L2 norm of the residual stream after the
+  embedding and each block (forward hooks that exist only during that step's forward). Nothing on other steps.
 - `DivergenceMonitor`: on log steps (where the loss is read anyway) counts loss spikes and stops a diverged run.
 - `AttentionDiagnostics`: at each validation, on a fixed validation batch, attention entropy per module and a
   PNG of one example's attention maps (layers x heads per attention kind), also logged to W&B.
@@ -19,6 +19,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
@@ -32,6 +33,7 @@ log = logging.getLogger("train")
 
 BLOCK_PARAM = re.compile(r"^(?P<stack>.+)\.blocks\.(?P<layer>\d+)\.")
 MAP_TOKENS = 64  # attention maps show at most this many queries and keys
+GRAD_KEY = "|param|"  # between grad_norm's prefix and the parameter name (a string no parameter name holds)
 
 
 def log_now(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
@@ -53,30 +55,15 @@ def grad_group(param_name: str) -> str:
     return ".".join(param_name.split(".")[:-1][:2]) or param_name
 
 
-def grad_groups(model: nn.Module) -> tuple[list[str], list[tuple[nn.Parameter, int]]]:
-    """Group names in model order, and each trainable parameter with its group's index."""
-    names: list[str] = []
-    params = []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        group = grad_group(name)
-        if group not in names:
-            names.append(group)
-        params.append((p, names.index(group)))
-    return names, params
-
-
-def group_grad_norms(params: list[tuple[nn.Parameter, int]], n_groups: int) -> tuple[list[int], Tensor]:
-    """(indices of groups with gradients, their L2 norms (G',)), without leaving the device."""
-    pairs = [(p.grad, g) for p, g in params if p.grad is not None]
-    if not pairs:
-        return [], torch.zeros(0)
-    norms = torch.stack(torch._foreach_norm([grad for grad, _ in pairs])).float()  # (N,) per tensor
-    index = torch.tensor([g for _, g in pairs], device=norms.device)
-    squares = torch.zeros(n_groups, device=norms.device).index_add_(0, index, norms.square())  # (G,)
-    present = sorted({g for _, g in pairs})
-    return present, squares[present].sqrt()
+def group_grad_norms(model: nn.Module) -> dict[str, Tensor]:
+    """{group: L2 norm of its parameters' gradients} in model order, for the parameters that have gradients:
+    Lightning's per-parameter norms (`grad_norm`) combined per block (`grad_group`); the norms stay on the device."""
+    squares: dict[str, Tensor] = {}
+    for key, norm in grad_norm(model, 2, group_separator=GRAD_KEY).items():
+        if GRAD_KEY in key:  # "grad_2.0_norm<GRAD_KEY><parameter name>"; the total has no separator
+            group = grad_group(key.split(GRAD_KEY, 1)[1])
+            squares[group] = squares.get(group, 0.0) + norm.float().square()
+    return {group: square.sqrt() for group, square in squares.items()}
 
 
 def token_norm(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -118,13 +105,8 @@ class LayerNorms(L.Callback):
         if every_n_steps < 1:
             raise ValueError(f"diagnostics.every_n_steps={every_n_steps} must be positive to build LayerNorms")
         self.every, self.residual = every_n_steps, residual
-        self.groups: list[str] = []
-        self.params: list[tuple[nn.Parameter, int]] = []
         self.handles: list[RemovableHandle] = []
         self.resid: dict[str, Tensor] = {}
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.groups, self.params = grad_groups(pl_module.model)
 
     def _due(self, trainer: L.Trainer) -> bool:
         return (trainer.global_step + 1) % self.every == 0
@@ -142,12 +124,12 @@ class LayerNorms(L.Callback):
         if not self._due(trainer):
             return
         self._unhook()
-        present, grad_norms = group_grad_norms(self.params, len(self.groups))
-        names = [f"diag/grad_norm/{self.groups[g]}" for g in present]
-        values = [grad_norms.to(pl_module.device)]
+        grad_norms = group_grad_norms(pl_module.model)
+        names = [f"diag/grad_norm/{group}" for group in grad_norms]
+        values = [torch.stack(list(grad_norms.values())).to(pl_module.device)] if grad_norms else []
         names += [f"diag/resid_norm/{key}" for key in self.resid]
         values += [torch.stack(list(self.resid.values())).to(pl_module.device)] if self.resid else []
-        numbers = torch.cat(values).tolist()  # the one host-device sync of a diagnostic step
+        numbers = torch.cat(values).tolist() if values else []  # one host-device copy of the figures
         self.resid.clear()
         log_now(trainer, dict(zip(names, numbers, strict=True)), trainer.global_step)
 

@@ -6,7 +6,7 @@
 <run dir>/attention/         attention maps at each validation (step_<step>.png; `diagnostics:` settings; image
                              tasks also patches_step_<step>.png: attention over the patches on the images)
 <run dir>/confusion_matrix_<split>.png, .json   image tasks: the test split's confusion matrix
-<run dir>/results.json       final metrics and facts about the run (keys: README, "Outputs")
+<run dir>/results.json       final metrics and facts about the run (core/train/results.py: `Results`)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import lightning as L
 import torch.distributed as dist
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, read_write
 
@@ -33,16 +33,17 @@ from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.callback_group import make_callbacks
-from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, StopOnSignal
+from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, RunCheckpoint, StopOnSignal
 from archsweep.core.train.compute import Compute
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import DivergenceMonitor, diagnostic_callbacks
 from archsweep.core.train.image_callbacks import image_callbacks
 from archsweep.core.train.lit import LitModel
-from archsweep.core.train.loggers import finish_wandb, make_loggers, new_run_id
+from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.memory import peak_mib, reset_peak
+from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.runinfo import RunInfo, wandb_config
-from archsweep.core.train.setup import ConfigError, Setup, write_json
+from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.summary import family, summary_line, validation_keys
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
@@ -126,11 +127,10 @@ def with_collective_timeout(strategy: Any, seconds: float | None) -> Any:
 
 def stop_workers(trainer: L.Trainer) -> None:
     """After an error in rank 0 of a DDP run, end the other processes: Lightning leaves them running (except on
-    Ctrl+C), and they would wait in their next collective, holding the run's output pipes open."""
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-
-    launcher = getattr(trainer.strategy, "launcher", None)
-    if isinstance(launcher, _SubprocessScriptLauncher) and trainer.is_global_zero:
+    Ctrl+C), and they would wait in their next collective, holding the run's output pipes open. A launcher ends
+    only the processes it started itself: none where torchrun, SLURM or spawn's parent started them."""
+    launcher = trainer.strategy.launcher
+    if launcher is not None and trainer.is_global_zero:
         launcher.kill(signal.SIGKILL)
 
 
@@ -177,7 +177,7 @@ def metrics_of(split: str, out: dict[str, Any]) -> dict[str, float]:
     return {k.split("/", 1)[1]: float(v) for k, v in out.items() if k.startswith(f"{split}/")}
 
 
-def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_cb: ModelCheckpoint,
+def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_cb: RunCheckpoint,
                        splits: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """(validation outputs, test outputs, checkpoint evaluated) from the best checkpoint, else the final weights.
     A diverged run is evaluated only from a checkpoint whose validation loss was finite; without one, its
@@ -196,7 +196,7 @@ def evaluate_after_fit(trainer: L.Trainer, lit: LitModel, data: TaskData, ckpt_c
 
 
 def interrupted_results(trainer: L.Trainer, stop: BaseException, info: RunInfo, cfg: DictConfig, setup: Setup,
-                        n_params: int, run_id: str, ckpt_cb: ModelCheckpoint) -> dict[str, Any] | None:
+                        n_params: int, run_id: str, ckpt_cb: RunCheckpoint) -> dict[str, Any] | None:
     """results.json of a run stopped by a signal: status `interrupted`, the step, the checkpoint to resume from."""
     if isinstance(stop, Interrupted):
         signum, step, checkpoint = stop.signum, stop.step, stop.checkpoint
@@ -206,14 +206,14 @@ def interrupted_results(trainer: L.Trainer, stop: BaseException, info: RunInfo, 
                 f"ckpt_path={info.run_dir} (or re-run the sweep)")
     if not trainer.is_global_zero:
         return None
-    results = {"status": "interrupted", "error": None,
-               "interrupted": {"signal": signal.Signals(signum).name, "step": step, "exit_code": 128 + signum},
-               "name": info.name, "group": info.group, "run_dir": str(info.run_dir), "choices": info.choices,
-               "overrides": info.overrides, "seed": cfg.seed, "params": n_params, "steps": step,
-               "last_checkpoint": checkpoint,
-               "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id}
-    write_json(info.run_dir / "results.json", results)
-    return results
+    results = Results(
+        status="interrupted",
+        interrupted={"signal": signal.Signals(signum).name, "step": step, "exit_code": 128 + signum},
+        name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices, overrides=info.overrides,
+        seed=cfg.seed, params=n_params, steps=step, last_checkpoint=checkpoint,
+        resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id)
+    results.write(info.run_dir / RESULTS)
+    return results.to_dict()
 
 
 DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "PL_GLOBAL_SEED",
@@ -267,17 +267,16 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                    longest_input=setup.task.max_input_len(setup.model_cfg.kind))
     extra = {"params": n_params, "run_dir": str(info.run_dir)}
     in_place = setup.ckpt_path is not None and info.run_dir.resolve() in Path(setup.ckpt_path).resolve().parents
-    loggers = make_loggers(resolved["logger"], info.run_dir, info.name, info.group, info.tags,
-                           wandb_config(cfg, info, extra), run_id, setup.resume_step if in_place else None)
-    ckpt_cb = ModelCheckpoint(dirpath=str(info.run_dir / CKPT_DIR), filename="best", monitor="val/loss", mode="min",
-                              save_top_k=1, save_last=True, auto_insert_metric_name=False,
-                              enable_version_counter=False)
+    run = LogRun(info.run_dir, info.name, info.group, info.tags, wandb_config(cfg, info, extra), run_id)
+    loggers = make_loggers(resolved["logger"], run, setup.resume_step if in_place else None)
+    ckpt_cb = RunCheckpoint(info.run_dir / CKPT_DIR)
     progress = Progress(start_time, validation_keys(setup.task))
     compute = Compute(cfg.trainer.get("peak_flops"), cache_dir(cfg.task.get("cache_dir")))
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
     last_path = info.run_dir / CKPT_DIR / "last.ckpt"
-    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, StopOnSignal(last_path)]
+    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, StopOnSignal(last_path),
+                                   LearningRateMonitor(logging_interval="step")]  # train/lr/pg<N>
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
@@ -307,7 +306,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         raise
     fit_s = time.time() - fit_start
     train = train_summary(trainer)  # before the evaluation below replaces the callback metrics
-    if ckpt_cb._last_global_step_saved != trainer.global_step:  # last steps after the last validation
+    if ckpt_cb.saved_step != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
     try:
         val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
@@ -324,26 +323,22 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                                        cfg.eval.get("stride"), cfg.eval.get("context_tokens"), progress=log.info)
     results = None
     if trainer.is_global_zero:
-        results = {
-            "status": "diverged" if lit.diverged else "completed", "error": None,
-            "diverged": lit.diverged,  # {"step", "reason"} when the divergence check stopped the run
-            "name": info.name, "group": info.group, "run_dir": str(info.run_dir),
-            "choices": info.choices, "overrides": info.overrides, "seed": cfg.seed, "params": n_params,
-            "task_family": family(setup.task),  # lm, translation, classification, synthetic: compare.py's defaults
-            "steps": trainer.global_step, "train": train, "val": metrics_of("val", val),
-            **{split: metrics_of(split, test) for split in setup.task.test_splits},
-            "by_length": lit.by_length,  # split -> source length -> {"n", "exact_match", "acc"}
-            "by_context": by_context,  # eval.context_lengths: {"split", "train_length", "rows", "ppl_ratio"}
-            "best_checkpoint": best,
-            "last_checkpoint": str(info.run_dir / CKPT_DIR / "last.ckpt"),
-            "tokens_per_s": progress.tokens_per_s * trainer.world_size,
+        done = Results(
+            status="diverged" if lit.diverged else "completed", diverged=lit.diverged,
+            name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
+            overrides=info.overrides, seed=cfg.seed, params=n_params, task_family=family(setup.task),
+            steps=trainer.global_step, train=train,
+            splits={"val": metrics_of("val", val), **{s: metrics_of(s, test) for s in setup.task.test_splits}},
+            by_length=lit.by_length, by_context=by_context, best_checkpoint=best,
+            last_checkpoint=str(info.run_dir / CKPT_DIR / "last.ckpt"),
+            resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id,
+            tokens_per_s=progress.tokens_per_s * trainer.world_size,
             **compute.summary(progress.train_s, trainer.world_size),  # flops_per_token, total_flops, mfu, peak_flops
-            "peak_memory_mib": peak_mib(lit.device),  # of this process (rank 0); see core/train/memory.py
-            "train_time_s": progress.train_s, "fit_time_s": fit_s, "wall_time_s": time.time() - start_time,
-            "time_to_first_step_s": progress.first_step_s, "world_size": trainer.world_size,
-            "resumed_from": str(setup.ckpt_path) if setup.ckpt_path else None, "wandb_run_id": run_id,
-        }
-        write_json(info.run_dir / "results.json", results)
-        log.info(summary_line(setup.task, results, info.run_dir / "results.json"))
+            peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, fit_time_s=fit_s,
+            wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
+            world_size=trainer.world_size)
+        done.write(info.run_dir / RESULTS)
+        results = done.to_dict()
+        log.info(summary_line(setup.task, results, info.run_dir / RESULTS))
     finish_wandb()
     return results

@@ -32,12 +32,13 @@ from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
 from archsweep.core.train.callback_group import check_callbacks
 from archsweep.core.train.console import job_prefix, quiet_libraries, set_job
 from archsweep.core.train.diagnostics import DiagnosticsConfig
-from archsweep.core.train.loggers import LOGGERS, finish_wandb, wandb_mode
+from archsweep.core.train.loggers import check_logger, finish_wandb
+from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.rules import AFTER_IMPORTS, check_rules, decay_after_warmup, processes, warmup_within_training
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process
 from archsweep.core.train.runinfo import RunInfo, run_info
 from archsweep.core.train.schemas import check_schemas
-from archsweep.core.train.setup import ConfigError, Setup, write_json
+from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.sweep import append_summary, earlier_run
 
 log = logging.getLogger("train")
@@ -186,13 +187,10 @@ def check_training(cfg: DictConfig) -> Checked:
         typed = check_schemas(cfg)
     except ValueError as e:
         fail(str(e))
-    if cfg.logger.name not in LOGGERS:
-        fail(f"logger.name={cfg.logger.name!r} is not a known logger; valid options: {', '.join(LOGGERS)}")
-    if cfg.logger.name == "wandb":
-        try:
-            wandb_mode(cfg.logger.mode)
-        except ValueError as e:
-            fail(str(e))
+    try:
+        check_logger(cfg.logger)
+    except ValueError as e:
+        fail(str(e))
     try:  # last: it imports the callbacks' modules (Lightning, when an entry names a Lightning callback)
         callbacks = check_callbacks(OmegaConf.to_container(cfg.callbacks, resolve=True)
                                     if cfg.get("callbacks") is not None else None)
@@ -254,12 +252,13 @@ def check_resume(setup: Setup) -> None:
 
 
 def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
-    results = {"status": "failed", "error": f"{type(error).__name__}: {error}", "run_dir": str(info.run_dir),
-               "name": info.name, "choices": info.choices, "overrides": info.overrides, "seed": seed}
+    failed = Results(status="failed", error=f"{type(error).__name__}: {error}", run_dir=str(info.run_dir),
+                     name=info.name, choices=info.choices, overrides=info.overrides, seed=seed)
+    results = failed.to_dict()
     try:
         info.run_dir.mkdir(parents=True, exist_ok=True)
         (info.run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
-        write_json(info.run_dir / "results.json", results)
+        failed.write(info.run_dir / RESULTS)
     except OSError as e:  # e.g. the disk that made the run fail is full
         log.error(f"could not record the failure in {info.run_dir}: {e}")
     return results

@@ -81,7 +81,6 @@ class LitModel(L.LightningModule):
                 self.log("train/z_loss", z_loss.detach(), on_step=True, on_epoch=False)
             hit, labelled = token_hits(logits.detach(), labels)  # as TokenAccuracy counts them
             self.log("train/acc", hit.sum() / labelled.sum().clamp(min=1), on_step=True, on_epoch=False)
-            self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
         return loss if z_loss is None else loss + z_weight * z_loss
 
     @staticmethod
@@ -136,7 +135,9 @@ class LitModel(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = make_optimizer(self.model, self.optim_cfg)
         scheduler = make_scheduler(optimizer, self.schedule_cfg)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # the name LearningRateMonitor (fit.py) logs under: train/lr/pg1, train/lr/pg2, ... one per parameter group
+        schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["archsweep"] = {**self.meta, "model_config": self.model.config.to_dict()}

@@ -1,4 +1,6 @@
-"""The loggers of a run: the local CSV metrics file always, plus W&B, TensorBoard or nothing (`logger=`).
+"""The loggers of a run: the local CSV metrics file always (core/train/metrics_csv.py), plus the `logger` group's
+choice, made by its `_target_` (with `_partial_: true`) called with the run (`LogRun`): W&B, TensorBoard, or
+nothing (`_target_: null`). Lightning and W&B are imported only when the loggers are made.
 
 W&B's mode `auto` means online when credentials exist (WANDB_API_KEY, an identity token, or a netrc entry for
 the W&B host) and offline otherwise, so a machine without credentials never prompts or waits on the network.
@@ -10,12 +12,12 @@ from __future__ import annotations
 import netrc
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-LOGGERS = ("wandb", "csv", "tensorboard", "none")
 
 
 def has_wandb_credentials() -> bool:
@@ -42,64 +44,86 @@ def new_run_id() -> str:
     return secrets.token_hex(4)  # not from torch's or Python's seeded RNGs: leaves training randomness alone
 
 
-def history_csv_logger(run_dir: Path, keep_before: int | None) -> Any:
-    """Lightning's CSVLogger writing <run_dir>/metrics.csv. With `keep_before` (a run resumed in its own
-    directory from the checkpoint of that step), the rows logged before that step are kept and the new ones
-    appended; later rows, which the resumed run logs again, are dropped, so no step appears twice."""
-    import csv
+@dataclass(frozen=True)
+class LogRun:
+    """What a logger factory (the `_target_` of conf/logger/*.yaml, with `_partial_: true`) is called with."""
 
-    from lightning.fabric.loggers.logger import rank_zero_experiment
-    from lightning.pytorch.loggers import CSVLogger
-    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-
-    class HistoryWriter(ExperimentWriter):
-        def _check_log_dir_exists(self) -> None:
-            if keep_before is None or not os.path.isfile(self.metrics_file_path):
-                return super()._check_log_dir_exists()
-            with open(self.metrics_file_path, newline="") as f:
-                reader = csv.DictReader(f)
-                header = list(reader.fieldnames or [])
-                kept = [r for r in reader if r.get("step", "").isdigit() and int(r["step"]) < keep_before]
-            self.metrics_keys = sorted(header)
-            with open(self.metrics_file_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
-                writer.writeheader()
-                writer.writerows(kept)
-
-    class HistoryCSVLogger(CSVLogger):
-        @property
-        @rank_zero_experiment
-        def experiment(self) -> Any:
-            if self._experiment is None:
-                self._fs.makedirs(self.root_dir, exist_ok=True)
-                self._experiment = HistoryWriter(log_dir=self.log_dir)
-            return self._experiment
-
-    return HistoryCSVLogger(save_dir=str(run_dir), name="", version="")
+    run_dir: Path
+    name: str  # the run's name (the overrides that set it apart)
+    group: str | None  # logger.group, else the experiment's name, else the sweep's (core/train/runinfo.py)
+    tags: list[str]  # `group=option` of every config choice, then logger.tags
+    config: dict[str, Any]  # what W&B's config receives (runinfo.wandb_config)
+    run_id: str  # kept across resumes, so a resumed run continues its W&B run
 
 
-def make_loggers(logger_cfg: dict[str, Any], run_dir: Path, name: str, group: str | None, tags: list[str],
-                 config: dict[str, Any], run_id: str, keep_before: int | None = None) -> list[Any]:
-    loggers: list[Any] = [history_csv_logger(run_dir, keep_before)]  # <run_dir>/metrics.csv
-    kind = logger_cfg["name"]
-    if kind == "wandb":
-        mode = wandb_mode(logger_cfg["mode"])
-        if mode != "disabled":
-            from lightning.pytorch.loggers import WandbLogger
+def wandb_logger(run: LogRun, mode: str, project: str, entity: str | None = None, group: str | None = None,
+                 tags: list[str] | None = None) -> Any:
+    """Lightning's WandbLogger on a W&B run this process starts itself with W&B's public `wandb.init` (Lightning
+    would pass `anonymous`, a setting W&B now answers with a deprecation notice on every run). Only the global
+    rank zero process starts one; the other DDP processes get a logger that writes nothing, as Lightning does.
+    None when the mode resolves to `disabled`. `group` and `tags` are the yaml's; `run.group` and `run.tags`
+    already hold them, with the run's own."""
+    mode = wandb_mode(mode)
+    if mode == "disabled":
+        return None
+    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.utilities import rank_zero_only
 
-            wandb_logger = WandbLogger(
-                name=name, save_dir=str(run_dir), project=logger_cfg["project"], entity=logger_cfg.get("entity"),
-                group=group, tags=tags, id=run_id, resume="allow", mode=mode, config=config, job_type="train")
-            # Lightning passes anonymous=None, which W&B answers with a deprecation notice on every run
-            wandb_logger._wandb_init.pop("anonymous", None)
-            loggers.append(wandb_logger)
-    elif kind == "tensorboard":
-        from lightning.pytorch.loggers import TensorBoardLogger
+    experiment = None
+    if rank_zero_only.rank == 0:
+        import wandb
 
-        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="",
-                                         default_hp_metric=False))
-    elif kind not in ("csv", "none"):
-        raise ValueError(f"logger.name={kind!r} is not a known logger; valid options: {', '.join(LOGGERS)}")
+        experiment = wandb.init(name=run.name, dir=str(run.run_dir), project=project, entity=entity,
+                                group=run.group, tags=run.tags, id=run.run_id, resume="allow", mode=mode,
+                                config=run.config, job_type="train")
+        # Lightning's log_metrics sends the step as `trainer/global_step`: W&B plots every metric against it
+        experiment.define_metric("trainer/global_step")
+        experiment.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+    return WandbLogger(name=run.name, save_dir=str(run.run_dir), project=project, id=run.run_id,
+                       experiment=experiment)
+
+
+def tensorboard_logger(run: LogRun) -> Any:
+    """Lightning's TensorBoardLogger writing <run dir>/tensorboard (no hp_metric placeholder)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return TensorBoardLogger(save_dir=str(run.run_dir), name="tensorboard", version="", default_hp_metric=False)
+
+
+def check_logger(logger_cfg: Any) -> None:
+    """The `logger` block before anything is imported but the target: ValueError naming the field and the fix."""
+    target = logger_cfg.get("_target_")
+    if target is None:  # logger=csv, logger=none: metrics.csv only
+        return
+    if not logger_cfg.get("_partial_"):
+        raise ValueError(f"logger._partial_ must be true: {target} is called with the run "
+                         f"(archsweep.core.train.loggers.LogRun); add `_partial_: true` to the logger's yaml")
+    from archsweep.core.train.callback_group import locate
+
+    try:
+        factory = locate(str(target))
+    except ValueError as e:
+        raise ValueError(f"logger._target_={target} cannot be imported ({e}); name a logger factory, e.g. "
+                         f"archsweep.core.train.loggers.wandb_logger (conf/logger/*.yaml)") from None
+    if not callable(factory):
+        raise ValueError(f"logger._target_={target} is not callable; name a logger factory, e.g. "
+                         f"archsweep.core.train.loggers.wandb_logger")
+    if "mode" in logger_cfg:
+        wandb_mode(logger_cfg["mode"])
+
+
+def make_loggers(logger_cfg: dict[str, Any], run: LogRun, keep_before: int | None = None) -> list[Any]:
+    """<run dir>/metrics.csv always, then the `logger` group's choice: its `_target_` called with `run` (none for
+    logger=csv and logger=none, whose `_target_` is null)."""
+    from hydra.utils import instantiate
+
+    from archsweep.core.train.metrics_csv import MetricsCSV
+
+    loggers: list[Any] = [MetricsCSV(run.run_dir, keep_before)]
+    if logger_cfg.get("_target_") is not None:
+        chosen = instantiate(logger_cfg)(run)
+        if chosen is not None:
+            loggers.append(chosen)
     return loggers
 
 

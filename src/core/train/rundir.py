@@ -4,13 +4,13 @@
   exclusively, so runs launched in the same second never share one.
 - A directory that already holds a run (checkpoints, metrics.csv, or a results.json that is not a failed start)
   is refused, unless the run resumes from a checkpoint inside it or `overwrite=true` says to replace it.
-- A run, a sweep and each job of a sweep hold an exclusive lock (`.lock`: pid, host, start time) on their
-  directory while they work; a second launcher there is refused, and a lock whose process has died (same host)
-  is stale and taken over.
+- A run, a sweep and each job of a sweep hold an exclusive lock (`.lock`, filelock's SoftFileLock: pid, host)
+  on their directory while they work; a second launcher there is refused, and a lock whose process has died
+  (same host) is stale and taken over.
 - Temporary files a killed process left (`checkpoints/.<name>.tmp-<pid>`, `*.json.tmp`) are removed at the next
   start in that directory.
 
-Light (Hydra and OmegaConf only): all of it runs before the heavy imports.
+Light (Hydra, OmegaConf and filelock only): all of it runs before the heavy imports.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from filelock import SoftFileLock, Timeout
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.model.checkpoint import CKPT_DIR, resolve_checkpoint
+from archsweep.core.train.results import RESULTS, Results
 
 log = logging.getLogger("train")
 LOCK = ".lock"
@@ -71,56 +73,49 @@ def _alive(pid: int) -> bool:
 
 
 class DirectoryLock:
-    """An exclusive lock file in `directory`, created with O_EXCL; `release()` (also at exit) removes it."""
+    """An exclusive lock on `directory` (its `.lock` file), filelock's SoftFileLock: the file records the holder's
+    pid and host; a lock whose holder has died on this host is taken over, one held on another host never is (this
+    host cannot tell whether that process lives). `release()` (also at exit) removes it. `what` (a run, a sweep, a
+    sweep job) is for the messages."""
 
     def __init__(self, directory: str | Path, what: str) -> None:
         self.path = Path(directory) / LOCK
         self.what = what
+        self.lock = SoftFileLock(self.path, timeout=0)
         self.held = False
 
     def acquire(self) -> DirectoryLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if self._take_over_stale():
-                    continue
-                raise DirectoryInUse(self._in_use_message()) from None
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()} {socket.gethostname()} {time.time():.0f} {self.what}\n")
-            self.held = True
-            atexit.register(self.release)
-            return self
-        raise DirectoryInUse(self._in_use_message())
-
-    def _owner(self) -> tuple[int | None, str, float | None]:
+        before = self._owner()[0] if self.path.exists() else None
         try:
-            pid, host, started, *_ = self.path.read_text().split()
-            return int(pid), host, float(started)
+            self.lock.acquire()
+        except Timeout:
+            raise DirectoryInUse(self._in_use_message()) from None
+        if before is not None and before != os.getpid():
+            log.warning(f"{self.path}: stale lock of process {before}, which has ended; taken over ({self.what})")
+        self.held = True
+        atexit.register(self.release)
+        return self
+
+    def _owner(self) -> tuple[int | None, str]:
+        """(pid, host) that the lock file names: its first two lines, as SoftFileLock writes them."""
+        try:
+            pid, host, *_ = self.path.read_text().split("\n")
+            return int(pid), host
         except (OSError, ValueError):
-            return None, "", None
-
-    def _take_over_stale(self) -> bool:
-        pid, host, _ = self._owner()
-        if pid is None:  # being written this instant, or unreadable: not ours to judge
-            time.sleep(0.05)
-            pid, host, _ = self._owner()
-            if pid is None:
-                return False
-        if host != socket.gethostname() or _alive(pid):
-            return False
-        log.warning(f"{self.path}: stale lock of process {pid}, which has ended; taken over")
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-        return True
+            return None, ""
 
     def _in_use_message(self) -> str:
-        pid, host, started = self._owner()
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-        where = "" if host == socket.gethostname() else f" on host {host}"
+        pid, host = self._owner()
+        if pid is None:  # e.g. `pid host time what` on one line, as archsweep wrote locks before filelock
+            return (f"{self.path.parent} is locked by {self.path}, which does not name its holder as this version "
+                    f"writes it (a lock from an earlier archsweep?); if no run or sweep is working there, remove "
+                    f"{self.path}")
+        try:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.path.stat().st_mtime))
+        except OSError:
+            since = "?"
+        where = "" if host in ("", socket.gethostname()) else f" on host {host}"
         return (f"{self.path.parent} is in use by process {pid}{where} (since {since}); two launches into one "
                 f"directory would mix their results. Wait for it to end or choose another directory (if that "
                 f"process is gone, remove {self.path})")
@@ -129,9 +124,7 @@ class DirectoryLock:
         if not self.held:
             return
         self.held = False
-        pid, _, _ = self._owner()
-        if pid == os.getpid():
-            self.path.unlink(missing_ok=True)
+        self.lock.release()
 
 
 def holds_run(run_dir: Path) -> str | None:
@@ -142,16 +135,14 @@ def holds_run(run_dir: Path) -> str | None:
         return f"{CKPT_DIR}/{', '.join(ckpts)}"
     if (run_dir / "metrics.csv").is_file():
         return "metrics.csv"
-    results = run_dir / "results.json"
+    results = run_dir / RESULTS
     if results.is_file():
-        import json
-
         try:
-            status = json.loads(results.read_text()).get("status")
-        except (OSError, ValueError, AttributeError):
+            status = Results.read(results).status
+        except (OSError, UnicodeDecodeError, ValueError):
             status = "unreadable"
         if status != "failed" or (run_dir / "config.yaml").is_file():
-            return f"results.json (status {status})"
+            return f"{RESULTS} (status {status})"
     return None
 
 

@@ -6,7 +6,6 @@ Light (no torch, Lightning or wandb).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,3 @@ class Setup:
     # `_target_` naming a Lightning Callback, for hydra.utils.instantiate
     resume: dict[str, Any] | None = None  # the checkpoint's `archsweep` entry, checked against model_cfg
     resume_step: int | None = None  # the checkpoint's global step (metrics.csv keeps the rows logged before it)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)

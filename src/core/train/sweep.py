@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.model.checkpoint import CKPT_DIR
+from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, is_worker_process, setting_of, writable_directory
 from archsweep.core.train.runinfo import is_setting, override_key
 
@@ -78,8 +79,8 @@ def earlier_run(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, A
         raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); it is kept. Start a "
                          f"new sweep with hydra.sweep.dir=<new directory>")
     try:
-        results = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
+        results = Results.read(run_dir / RESULTS).to_dict()
+    except (OSError, UnicodeDecodeError, ValueError):
         results = None
     if results and results.get("status") in FINISHED:
         return "finished", results
