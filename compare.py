@@ -1,4 +1,4 @@
-"""Compare the runs of one or more sweeps (README: Comparing runs); same as `archsweep-compare`.
+"""Compare the runs of one or more sweeps (docs/training.md, Comparing runs); same as `archsweep-compare`.
 
     python compare.py outputs/sweeps/<time>                       # table, plots, comparison.md in that directory
     python compare.py sweep_a sweep_b --out reports/pos           # several sweeps as one grid

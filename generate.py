@@ -1,4 +1,4 @@
-"""Decode from a train.py checkpoint (README: Decoding); same as `archsweep-generate`.
+"""Decode from a train.py checkpoint (docs/decoding.md); same as `archsweep-generate`.
 
     python generate.py ckpt=<checkpoint or run dir> prompt="3 1 4 1 5"
     python generate.py ckpt=... prompt="..." decoding=beam decoding.beam_size=4 decoding.n_best=2

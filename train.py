@@ -1,4 +1,4 @@
-"""Train a Transformer variant from the command line (README: Quick start); same as `archsweep-train`.
+"""Train a Transformer variant from the command line (README: The first hour); same as `archsweep-train`.
 
     python train.py                              # defaults: encoder_decoder, post-norm, sinusoidal, relu, reverse
     python train.py model=decoder_only norm=pre  # any group=option, any field=value

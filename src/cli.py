@@ -173,7 +173,7 @@ _generate, _evaluate = _checkpoint_entry("generate"), _checkpoint_entry("evaluat
 
 
 def train(start_time: float | None = None) -> None:
-    """Train a Transformer variant (README: Training from the command line)."""
+    """Train a Transformer variant (docs/training.md)."""
     global START
     START = start_time or START
     refuse_bad_overrides("train")
@@ -181,7 +181,7 @@ def train(start_time: float | None = None) -> None:
 
 
 def generate() -> None:
-    """Decode from a train.py checkpoint (README: Decoding and evaluation)."""
+    """Decode from a train.py checkpoint (docs/decoding.md)."""
     refuse_bad_overrides("generate")
     _generate()
 
@@ -193,14 +193,14 @@ def task_overrides_without_plus(argv: list[str]) -> list[str]:
 
 
 def evaluate() -> None:
-    """Test-set metrics of a train.py checkpoint, overall and by source length (README: Decoding and
+    """Test-set metrics of a train.py checkpoint, overall and by source length (docs/decoding.md,
     evaluation)."""
     refuse_bad_overrides("evaluate")
     sys.argv[1:] = task_overrides_without_plus(sys.argv[1:])
     _evaluate()
 
 
-COMPARE_DOC = """Compare the runs of one or more sweeps (README: Comparing runs).
+COMPARE_DOC = """Compare the runs of one or more sweeps (docs/training.md, Comparing runs).
 
     compare.py outputs/sweeps/<time>                       # table, plots, comparison.md in that directory
     compare.py sweep_a sweep_b --out reports/pos           # several sweeps as one grid

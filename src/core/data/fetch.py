@@ -137,7 +137,7 @@ def fetch_one(item: Download, dest: Path, tmp: Path, timeout: float, say) -> Pat
         return target
     raise FetchError("could not download " + "; ".join(failures) + (
         f". Without a network: copy the files onto this machine by other means into {dest} (or any folder, then "
-        f"train with data_dir=<folder> or ${DATA_ENV}=<folder>); the README's `data` section lists them."))
+        f"train with data_dir=<folder> or ${DATA_ENV}=<folder>); docs/tasks.md, Data, lists them."))
 
 
 def fetch(name: str, dest: Path, timeout: float = TIMEOUT_S, say=print) -> list[Path]:
