@@ -1,4 +1,4 @@
-"""Report wing: compare the runs of one or more sweeps (docs/training.md, Comparing runs): one table row per cell of the grid
+"""Report wing: compare the runs of one or more sweeps (docs/training.md): one table row per cell of the grid
 (the keys that vary, seed aside) with statistics over seeds, loss and by-length plots, written as comparison.md,
 .csv, .json and PNGs. Works on sweeps still running or partly failed: what cannot be used is listed with the
 reason. Imports any other wing (it reads runs the train wing wrote)."""
