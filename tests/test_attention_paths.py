@@ -13,7 +13,7 @@ import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.attention import capture_attention
-from archsweep.variants.attention.base import attend, combine_mask
+from archsweep.variants.attention.base import attend
 
 B, H, T, DH = 2, 4, 12, 8
 
@@ -58,8 +58,7 @@ CASES = {  # name -> (key/value heads, is_causal, mask)
     "plain": (H, False, None),
     "causal": (H, True, None),
     "padded": (H, False, padded([T, 7])),
-    "causal_padded": (H, False, combine_mask(torch.ones(T, T, dtype=torch.bool).tril(), padded([T, 5])[:, 0, 0],
-                                             None)),
+    "causal_padded": (H, False, torch.ones(T, T, dtype=torch.bool).tril() & padded([T, 5])),  # (B, 1, T, T)
     "float_bias": (H, False, alibi_like()),
     "grouped_query": (2, True, None),
     "grouped_query_padded": (1, False, padded([9, T])),
