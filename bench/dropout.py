@@ -3,10 +3,10 @@
     python bench/dropout.py [--rounds 7] [--steps 5] [train.py overrides]
 
 Both forms run the same model (train.py's default config unless overrides are given) on the same batches; "torch"
-patches every dropout of the package back to `F.dropout` (one Bernoulli draw per element) and attention dropout back
-into SDPA's `dropout_p`, "archsweep" is the code as it is (archsweep.variants.dropout). Prints the median tokens/s of
-each, dropout's share of the step (against the same model with every dropout probability at 0) and the top
-operators of a profiled step of each form.
+patches every dropout of the package (residual, FFN, embedding) back to `F.dropout` (one Bernoulli draw per
+element), "archsweep" is the code as it is (archsweep.variants.dropout). Attention dropout is SDPA's `dropout_p` in
+both. Prints the median tokens/s of each, dropout's share of the step (against the same model with every dropout
+probability at 0) and the top operators of a profiled step of each form.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-import archsweep.variants.attention.base as attention_base
+import archsweep.variants.dropout as package_dropout
 import archsweep.variants.ffn.base as ffn_base
 import archsweep.variants.norm.base as norm_base
 from archsweep.core.data.tasks.base import IGNORE_INDEX
 from archsweep.core.model.build import build_model
 from archsweep.core.train.job import build_task, model_config
 
-MODULES = (norm_base, ffn_base, attention_base)
+MODULES = (norm_base, ffn_base, package_dropout)  # where apply_dropout is called (package_dropout: its Dropout)
 
 
 def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -37,24 +37,22 @@ def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 @contextlib.contextmanager
 def form(name: str, model: torch.nn.Module):
-    """'torch': F.dropout everywhere and SDPA's dropout_p for attention; 'archsweep': as the package is; 'off':
-    every dropout probability set to 0 (the step without dropout, to price it)."""
-    saved_fns = [(m, m.apply_dropout) for m in MODULES], attention_base.cpu_dropout
+    """'torch': F.dropout wherever the package drops out; 'archsweep': as the package is; 'off': every dropout
+    probability set to 0 (the step without dropout, to price it)."""
+    saved_fns = [(m, m.apply_dropout) for m in MODULES]
     saved_ps = [(m, attr, getattr(m, attr)) for m in model.modules() for attr in ("p", "dropout")
                 if isinstance(getattr(m, attr, None), float)]
     if name == "torch":
         for m in MODULES:
             m.apply_dropout = torch_dropout
-        attention_base.cpu_dropout = lambda q: False
     if name == "off":
         for m, attr, _ in saved_ps:
             setattr(m, attr, 0.0)
     try:
         yield
     finally:
-        for m, fn in saved_fns[0]:
+        for m, fn in saved_fns:
             m.apply_dropout = fn
-        attention_base.cpu_dropout = saved_fns[1]
         for m, attr, value in saved_ps:
             setattr(m, attr, value)
 

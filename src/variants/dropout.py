@@ -1,16 +1,17 @@
-"""Dropout (Srivastava et al. 2014) with a cheaper mask on the CPU: every layer of the package drops out through here.
+"""Dropout (Srivastava et al. 2014) with a cheaper mask: every layer of the package drops out through here, except
+attention probabilities, which SDPA drops itself (`dropout_p`).
 
-On a CPU, `F.dropout` draws one Bernoulli sample per element (`bernoulli_`), which measured about a quarter of a
+`F.dropout` on a CPU draws one Bernoulli sample per element (`bernoulli_`), which measured about a quarter of a
 training step of the default model. Here one 64-bit random draw gives the keep/drop decisions of four elements
 (four 16-bit lanes compared with round(p * 2^16)), so the drop rate is p to within 2^-17 and kept elements are
-scaled by 1 / (1 - p), as `F.dropout` does. CUDA and `torch.compile` keep `F.dropout` (fused there already), and
-p = 0 or eval mode does no work at all. The stream is the default generator's, so a seed repeats the same masks.
+scaled by 1 / (1 - p), as `F.dropout` does. The same computation runs on every device and under `torch.compile`
+(an out-of-place `randint`, which dynamo traces; inductor draws it from its own generator); p = 0 or eval mode does
+no work at all. The stream is the device's default generator, so a seed repeats the same masks.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 LANES = 4  # 16-bit lanes per 64-bit draw
@@ -20,8 +21,8 @@ def apply_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """Zero each element with probability p and scale the others by 1 / (1 - p); identity at p = 0 or in eval."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
-        return F.dropout(x, p, True)
+    if p >= 1.0:
+        return x * 0.0  # every element dropped (as F.dropout at p = 1)
     return x * keep_mask(x, p)
 
 
@@ -44,7 +45,7 @@ class Dropout(nn.Module):
 def keep_mask(x: Tensor, p: float) -> Tensor:
     """A mask shaped like x: 1 / (1 - p) where kept, 0 where dropped, from one int64 draw per four elements."""
     n = x.numel()
-    draws = torch.empty((n + LANES - 1) // LANES, dtype=torch.int64, device=x.device)
-    lanes = draws.random_(-2**63, 2**63 - 1).view(torch.int16)[:n].view(x.shape)  # uniform in [-2^15, 2^15)
+    draws = torch.randint(-2**63, 2**63 - 1, ((n + LANES - 1) // LANES,), dtype=torch.int64, device=x.device)
+    lanes = draws.view(torch.int16)[:n].view(x.shape)  # uniform in [-2^15, 2^15)
     threshold = round(p * 65536) - 32768  # a lane below it drops its element
     return (lanes >= threshold).to(x.dtype).mul_(1.0 / (1.0 - p))

@@ -9,8 +9,6 @@ per-row positions, so that all rows generate in step.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -127,49 +125,6 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
-_DIRECT: dict[type, type] = {}  # a module class -> its subclass whose instances are called straight to forward
-
-
-def _direct_class(cls: type) -> type:
-    if cls not in _DIRECT:  # calling an instance calls its class's forward, with no frame in between
-        _DIRECT[cls] = type(cls.__name__, (cls,), {"__call__": cls.forward, "__module__": cls.__module__,
-                                                   "__qualname__": cls.__qualname__})
-    return _DIRECT[cls]
-
-
-def _hooked(modules: list[nn.Module]) -> bool:
-    """Whether calling forward directly would skip something: a module hook, a global one, a compiled call."""
-    from torch.nn.modules import module as torch_module
-
-    if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-            or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-               or getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod")  # compiled
-               or type(m).__call__ is not nn.Module.__call__ or "forward" in vars(m) for m in modules)
-
-
-@contextlib.contextmanager
-def direct_calls(model: nn.Module) -> Iterator[None]:
-    """While decoding, call each module of `model` straight to its `forward`, skipping `nn.Module.__call__`'s hook
-    handling (55 module calls per token of the default decoder: about a tenth of a one-token step on a CPU).
-    Only when nothing would be skipped: no module or global hook (the shape trace, the diagnostics, FSDP and user
-    hooks all register some, and then nothing changes) and no compiled module. Each module gets a subclass of its
-    class for the duration (isinstance and state are unchanged) and its own class back afterwards, also on error."""
-    modules = list(model.modules())
-    if torch.compiler.is_compiling() or _hooked(modules):
-        yield
-        return
-    classes = [type(m) for m in modules]
-    try:
-        for m, cls in zip(modules, classes, strict=True):
-            m.__class__ = _direct_class(cls)
-        yield
-    finally:
-        for m, cls in zip(modules, classes, strict=True):
-            m.__class__ = cls
-
-
 @torch.inference_mode()
 def generate(model: nn.Module, inputs: Tensor, mask: Tensor | None, cfg: DecodingConfig, *, eos_id: int,
              pad_id: int, bos_id: int | None = None) -> Generation:
@@ -185,10 +140,9 @@ def generate(model: nn.Module, inputs: Tensor, mask: Tensor | None, cfg: Decodin
     model.eval()
     mask = mask if mask is not None else torch.ones_like(inputs, dtype=torch.bool)
     try:
-        with direct_calls(model):
-            if cfg.strategy == "beam":
-                return _beam(model, inputs, mask, cfg, eos_id, pad_id, bos_id)
-            return _greedy_or_sample(model, inputs, mask, cfg, eos_id, pad_id, bos_id)
+        if cfg.strategy == "beam":
+            return _beam(model, inputs, mask, cfg, eos_id, pad_id, bos_id)
+        return _greedy_or_sample(model, inputs, mask, cfg, eos_id, pad_id, bos_id)
     finally:
         model.train(was_training)
 

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archsweep.variants.cache import KVCache
-from archsweep.variants.dropout import apply_dropout
 
 
 @dataclass
@@ -113,14 +112,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
            record: list[Tensor] | None, softcap: float | None = None) -> Tensor:
     """Softmax attention. q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh).
 
-    With `record` (a list) the probabilities are computed explicitly and appended to it; the outputs equal SDPA's.
-    Dropout on the CPU takes the explicit path too (see `cpu_dropout`); on a GPU it stays fused in SDPA.
-    `softcap` c caps the scores to c * tanh(scores / c) before masking (explicit path: SDPA has no such hook).
+    SDPA, with its own `dropout_p`, on every device. Two things need the probabilities themselves and take the
+    explicit path (the same on every device; without dropout its outputs equal SDPA's): `record` (a list: the
+    probabilities are appended to it) and `softcap` c, which caps the scores to c * tanh(scores / c) before
+    masking (SDPA has no hook for it). There dropout is `F.dropout` on the probabilities.
     """
     k, v = repeat_kv(q, k, v)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    if record is None and softcap is None and (dropout == 0.0 or not cpu_dropout(q)):
+    if record is None and softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     if softcap is not None:
@@ -132,13 +132,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     probs = scores.softmax(dim=-1)
     if record is not None:
         record.append(probs.detach())
-    return apply_dropout(probs, dropout, dropout > 0) @ v
-
-
-def cpu_dropout(q: Tensor) -> bool:
-    """Attention dropout on the CPU: SDPA's math path draws one Bernoulli sample per probability, so the
-    explicit path with the package's cheaper mask is used; elsewhere SDPA fuses dropout_p into its kernel."""
-    return q.device.type == "cpu" and not torch.compiler.is_compiling()
+    return F.dropout(probs, dropout, training=dropout > 0) @ v
 
 
 class AttentionKernel(nn.Module):
