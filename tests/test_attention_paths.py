@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.variants.attention import capture_attention
 from archsweep.variants.attention.base import attend
+from archsweep.variants.attention.layers import capture_attention
 
 B, H, T, DH = 2, 4, 12, 8
 
