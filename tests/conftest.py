@@ -17,7 +17,32 @@ SLOW = {
     "test_model_learning.py": "*",  # learning tests: tiny models overfit a batch
     "test_inference_cli.py": "*",  # trains two checkpoints through train.py, then generate.py / evaluate.py
     "test_diagnostics.py": {"test_train_logs_norms_entropy_maps_and_accuracy_by_length",
-                            "test_diverging_run_is_stopped_and_marked"},  # train.py runs
+                            "test_diverging_run_is_stopped_and_marked",  # train.py runs
+                            "test_train_refuses_bad_settings_naming_the_field",  # refusals of train.py processes
+                            "test_settings_check_imports_nothing_heavy"},  # a fresh interpreter's imports
+    # refusals and --help as a user meets them: a train.py / generate.py / evaluate.py process each (the same
+    # rules are checked in-process by test_train_conf.py, test_rules.py, test_cli_args.py and test_model_product.py)
+    "test_train_cli.py": "*",
+    "test_refusals.py": {"test_a_value_of_the_wrong_type_is_refused_when_composing",
+                         "test_bad_training_setting_is_refused_naming_the_field",
+                         "test_trainer_gpu_without_a_gpu_says_so_and_suggests_the_cpu",
+                         "test_warmup_longer_than_training_is_named_with_the_fix",
+                         "test_an_output_root_that_is_a_file_is_refused", "test_a_read_only_output_root_is_refused",
+                         "test_a_file_that_is_not_a_checkpoint_is_refused_as_ckpt_path",
+                         "test_evaluate_refuses_model_overrides_and_takes_task_overrides_without_plus"},
+    "test_cli_args.py": {"test_a_misspelt_setting_stops_train_py_in_one_line_and_leaves_no_run",
+                         "test_generate_without_ckpt_says_so_in_one_line"},
+    "test_callbacks.py": {"test_help_lists_the_group", "test_train_refuses_a_bad_target_before_training",
+                          "test_default_check_imports_nothing_heavy"},
+    "test_imports.py": {"test_variants_and_builder_import_no_framework",
+                        "test_the_registries_rules_and_model_config_import_no_torch"},
+    "test_compare.py": {"test_cli_prints_the_table_writes_files_and_exits_2_on_bad_input"},
+    "test_compute.py": {"test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results"},  # a train.py run
+    # over ~2 s in one process
+    "test_generation.py": {"test_a_compiled_model_decodes_the_same_tokens"},  # dynamo traces the decoding steps
+    "test_gpu_bench.py": "*",  # bench/gpu.py --tiny as a process
+    "test_attention_kinds.py": {"test_flex_attention_block_mask_equals_sdpa"},  # flex_attention compiles
+    "test_experiments.py": {"test_match_d_ff_picks_the_closest_count"},  # builds a model per candidate d_ff
 }
 
 
