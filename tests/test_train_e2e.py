@@ -179,6 +179,7 @@ def test_ddp_on_two_cpu_processes_in_a_sweep(tmp_path):
     for job in ("0", "1"):
         res = results(sweep / job)
         assert res["status"] == "completed" and res["world_size"] == 2 and res["steps"] == 10
+        assert res["peak_source"].startswith("CPU probe, ") and 0 < res["mfu"] < 1  # rank 0's probe, shared
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
         assert (sweep / job / "train_ddp_process_1.log").is_file()  # the second process ran this job
 

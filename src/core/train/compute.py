@@ -313,7 +313,10 @@ class Compute(L.Callback):
             self.flops = self.resumed_flops = float(self.loaded.get("flops", 0.0))
             self.tokens = int(self.loaded.get("tokens", 0))
             self.loaded = None
-        self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_override, self.cache)
+        # one probe, on rank 0, shared with every process: probes of several processes at once would slow each other
+        peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_override, self.cache) \
+            if trainer.is_global_zero else None
+        self.peak = trainer.strategy.broadcast(peak, src=0)
         if trainer.is_global_zero:
             log.info(f"MFU against {self.peak.line()}")
         self.window_start = time.perf_counter()
