@@ -206,9 +206,24 @@ def test_a_stale_or_recordless_probe_is_taken_again(tmp_path, monkeypatch):
     assert compute.peak_flops(cpu, "32-true", None, tmp_path) == \
         compute.Peak(100e9, "CPU probe, just taken, load 0.2 on 8 cores", 0.0, estimate=True)  # 2 x 50e9 floor
     assert len(machine.probes) == 2 and cached_probe(tmp_path)["rate"] == 90e9
-    (tmp_path / compute.PROBES).write_text(json.dumps({key: 26.6e9}))  # not a record: taken again
-    compute.peak_flops(cpu, "32-true", None, tmp_path)
-    assert len(machine.probes) == 3 and cached_probe(tmp_path)["rate"] == 90e9
+    for broken in (26.6e9, {**cached_probe(tmp_path), "rate": "fast"}, {"rate": 26.6e9}):  # not a record
+        (tmp_path / compute.PROBES).write_text(json.dumps({key: broken}))
+        compute.peak_flops(cpu, "32-true", None, tmp_path)  # taken again and rewritten
+        assert cached_probe(tmp_path)["rate"] == 90e9
+    assert len(machine.probes) == 5
+
+
+def test_threads_beyond_the_cores_count_as_the_cores(tmp_path, monkeypatch):
+    machine = Machine(monkeypatch, rate=100e9, one_thread=50e9)
+    monkeypatch.setattr(compute, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(compute.torch, "get_num_threads", lambda: 4)  # oversubscribed: 4 threads on 2 cores
+    peak = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)
+    assert peak == compute.Peak(100e9, "CPU probe, just taken, load 0.2 on 2 cores", 0.0, estimate=True)
+    assert len(machine.probes) == 1  # trusted on an idle machine: 2 x one thread, not 4 x
+    machine.load = 1.0  # one of the two cores busy
+    machine.now += 31 * 86400
+    assert "suspect: fewer idle cores than its 2 threads" in \
+        compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path).source
 
 
 def test_a_suspect_probe_reading_lower_keeps_the_better_record(tmp_path, monkeypatch):

@@ -8,11 +8,11 @@ machine in `peak_probes.json` in the cache directory with when it ran, the load 
 the torch version (the older `peak_flops.json`, bare numbers with no such record, is not read). No data sheet
 knows how many cores torch gets on a CPU, so there MFU is an estimate.
 
-A CPU probe also times one thread, and its peak is never below the one-thread rate times the threads (what the
-cores could do together). A probe is suspect when it is older than 30 days, or ran while the one-minute load
-average left fewer idle cores than its threads (load > cores - threads + 0.5), or its threads together reached
-less than half the one-thread rate times the threads; a suspect probe is taken again (up to three tries,
-keeping the best) and replaced by one that is trusted or reads higher.
+A CPU probe also times one thread, and its peak is never below the one-thread rate times its lanes (torch's
+threads, at most the cores: what the cores could do together). A probe is suspect when it is older than 30 days,
+or ran while the one-minute load average left fewer idle cores than its lanes (load > cores - lanes + 0.5), or
+its threads together reached less than half the one-thread rate times the lanes; a suspect probe is taken again
+(up to three tries, keeping the best) and replaced by one that is trusted or reads higher.
 """
 
 from __future__ import annotations
@@ -111,10 +111,8 @@ def flop_rate(flops: float) -> str:
 def age_text(seconds: float) -> str:
     if seconds < 60:
         return "just taken"
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit} old"
-    return ""
+    unit, size = next((unit, size) for unit, size in (("d", 86400), ("h", 3600), ("min", 60)) if seconds >= size)
+    return f"{seconds / size:.0f} {unit} old"
 
 
 @dataclass(frozen=True)
@@ -131,9 +129,14 @@ class Probe:
     torch: str
 
     @property
+    def lanes(self) -> int:
+        """The threads that can run at once: torch's threads, at most the cores."""
+        return max(min(self.threads, self.cores), 1)
+
+    @property
     def flops(self) -> float:
-        """The peak it gives: never below the one-thread rate times the threads."""
-        return max(self.rate, (self.one_thread or 0.0) * self.threads)
+        """The peak it gives: never below the one-thread rate times the lanes."""
+        return max(self.rate, (self.one_thread or 0.0) * self.lanes)
 
     def doubt(self, now: float) -> str | None:
         """Why this probe is not to be trusted (the module docstring's rule), or None."""
@@ -141,22 +144,25 @@ class Probe:
             return f"{age_text(now - self.at)}, over {MAX_AGE_S / 86400:.0f} days"
         if self.one_thread is None:
             return None
-        if self.load is not None and self.load > self.cores - self.threads + IDLE_MARGIN:
-            return f"fewer idle cores than its {self.threads} thread{'s' * (self.threads > 1)}"
-        if self.rate < MIN_SCALING * self.one_thread * self.threads:
-            return (f"{self.threads} threads reached {flop_rate(self.rate)}, under {MIN_SCALING:.0%} of "
-                    f"{self.threads} x one thread's {flop_rate(self.one_thread)}")
+        if self.load is not None and self.load > self.cores - self.lanes + IDLE_MARGIN:
+            return f"fewer idle cores than its {self.lanes} thread{'s' * (self.lanes > 1)}"
+        if self.rate < MIN_SCALING * self.one_thread * self.lanes:
+            return (f"{self.lanes} threads reached {flop_rate(self.rate)}, under {MIN_SCALING:.0%} of "
+                    f"{self.lanes} x one thread's {flop_rate(self.one_thread)}")
         return None
 
     @classmethod
     def from_json(cls, value: Any) -> Probe | None:
-        """A record of peak_probes.json; None for an entry that is not one."""
+        """A record of peak_probes.json; None for an entry that is not one (taken again and rewritten)."""
         if not isinstance(value, dict):
             return None
         try:
-            return cls(**value)
-        except TypeError:
+            probe = cls(**value)
+        except TypeError:  # a field missing or unknown
             return None
+        numbers = [probe.rate, probe.at, probe.cores, probe.threads] + \
+            [v for v in (probe.one_thread, probe.load) if v is not None]
+        return probe if all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers) else None
 
 
 @dataclass(frozen=True)
@@ -178,7 +184,6 @@ class Peak:
 
     def line(self) -> str:
         return f"peak {flop_rate(self.flops)}: {self.source}" + ("; MFU is an estimate" if self.estimate else "")
-
 
 
 def take_probe(device: torch.device, dtype: torch.dtype) -> Probe:
