@@ -170,6 +170,19 @@ def test_eta_follows_the_recent_pace_without_validation(caplog):
     assert progress.tokens == 310 * 100
 
 
+def test_eta_drops_the_start_up_window_once_the_next_is_timed(caplog):
+    clock, trainer = Clock(), fake_trainer()
+    progress = Progress(0.0, clock=clock)
+    progress.on_train_start(trainer, Module())
+    with caplog.at_level(logging.INFO, logger="train"):
+        run_steps(progress, trainer, clock, 10, 5.0)  # workers starting, first allocations
+        assert last_eta(caplog) == 990 * 5.0  # the only pace known so far
+        run_steps(progress, trainer, clock, 10, 0.5)
+        assert last_eta(caplog) == 980 * 0.5
+        run_steps(progress, trainer, clock, 10, 1.0)  # 15 s over 20 steps, the newer (slower) window counting more
+        assert 970 * 0.75 < last_eta(caplog) < 970 * 1.0
+
+
 def test_eta_after_a_resume_uses_only_the_resumed_steps(caplog):
     clock, trainer = Clock(), fake_trainer()
     progress = Progress(0.0, clock=clock)

@@ -18,7 +18,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from archsweep.core.model.checkpoint import atomic_save, safe_load
 
 log = logging.getLogger("train")
-ETA_HALF_LIFE_S = 30.0  # the ETA's pace: older training time counts half per this many seconds
+ETA_HALF_LIFE_S = 30.0  # the ETA's pace: earlier training counts half per this many seconds of it
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -78,8 +78,8 @@ class RunCheckpoint(ModelCheckpoint):
 
 class Progress(L.Callback):
     """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step (with the
-    ETA) and per validation. The ETA is the steps left times a moving average of seconds per step over this fit's
-    recent log windows, validation excluded; a resumed fit starts its own average. Counts come from the batch's
+    ETA) and per validation. The ETA is the steps left times the seconds per step of this fit's recent log windows
+    (see `pace`), validation excluded; a resumed fit starts its own. Counts come from the batch's
     `n_tokens` (a Python int set on the CPU): no device sync. Lightning's ThroughputMonitor would synchronise CUDA
     after every batch, reports nothing until its window of batches fills, and has no ETA; its FLOP and MFU side is
     ours in compute.py (mask-aware FLOPs, a CPU peak)."""
@@ -89,6 +89,8 @@ class Progress(L.Callback):
         self.start_time = start_time  # process start, for time to first step
         self.clock = clock  # seconds, for the training time, tokens/s and the ETA
         self.step_s: float | None = None  # seconds per optimiser step, smoothed over this fit's recent windows
+        self.paced_s = self.paced_steps = 0.0  # decayed sums of training seconds and steps behind step_s
+        self.windows = 0  # log windows of this fit timed so far
         self.window_step = 0  # global step where the current log window began
         self.val_keys = val_keys  # what the validation line shows (core/train/summary.py: what fits the task)
         self.first_step_s: float | None = None
@@ -100,7 +102,7 @@ class Progress(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.fit_start = self.window_start = self.clock()
-        self.window_step, self.step_s = trainer.global_step, None  # a resumed fit's pace is its own
+        self.window_step, self.step_s, self.windows = trainer.global_step, None, 0  # a resumed fit's pace is its own
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.train_s = self.clock() - self.fit_start - self.val_s
@@ -128,15 +130,16 @@ class Progress(L.Callback):
             self._print_step(trainer, rate)
 
     def pace(self, spent: float, steps: int) -> None:
-        """Take a log window of `steps` optimiser steps in `spent` seconds (validation excluded) into the smoothed
-        seconds per step: an exponential moving average whose weights halve every ETA_HALF_LIFE_S of training."""
+        """Take a log window of `steps` optimiser steps in `spent` seconds (validation excluded) into the seconds per
+        step: recent training time over recent steps, both sums halving every ETA_HALF_LIFE_S of training. The
+        fit's first window (start-up: workers, first allocations) stands alone until the next one replaces it."""
         if steps <= 0:
             return
-        per_step = spent / steps
-        if self.step_s is None:
-            self.step_s = per_step
-        else:
-            self.step_s += (1 - 0.5 ** (spent / ETA_HALF_LIFE_S)) * (per_step - self.step_s)
+        keep = 0.5 ** (spent / ETA_HALF_LIFE_S) if self.windows > 1 else 0.0
+        self.paced_s = self.paced_s * keep + spent
+        self.paced_steps = self.paced_steps * keep + steps
+        self.windows += 1
+        self.step_s = self.paced_s / self.paced_steps
 
     def eta_s(self, step: int, total: int) -> float | None:
         """Seconds left to step `total` at the recent pace (None before a window is timed or without max_steps)."""
