@@ -39,8 +39,8 @@ PROBE_SIZE = 1024  # the probe multiplies two PROBE_SIZE x PROBE_SIZE matrices
 PROBE_SECONDS = 0.5  # all threads; one thread gets half of it
 PROBE_TRIES = 3  # probes taken in a row while they are suspect
 MAX_AGE_S = 30 * 86400.0
-MIN_SCALING = 0.5  # all threads under this share of (one thread's rate x threads): the probe was disturbed
-IDLE_MARGIN = 0.5  # load average may exceed (cores - threads) by this much
+MIN_SCALING = 0.5  # all threads under this share of (one thread's rate x lanes): the probe was disturbed
+IDLE_MARGIN = 0.5  # the load average may exceed (cores - lanes) by this much
 PROBES = "peak_probes.json"  # in the cache directory
 TABLE = "Lightning's table for "  # the source of a GPU peak from get_available_flops
 
