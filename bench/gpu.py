@@ -130,14 +130,14 @@ def main() -> None:
              "reference-gpt": ReferenceGPT(*sizes).to(device)}
     models = {name: (torch.compile(m) if compile_ else m) for name, m in eager.items()}
     precision = "bf16-mixed" if dtype is not None else "32-true"
-    peak, source = peak_flops(device, precision, None, cache_dir(None))
+    peak = peak_flops(device, precision, None, cache_dir(None))
     flops = TRAIN_FACTOR * forward_flops(eager["archsweep"], Shape(c["batch"], c["t"], causal=True))
     per_token = flops / (c["batch"] * c["t"])
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"torch {torch.__version__} on {name}; {precision}, compile={compile_}; L={c['layers']} D={c['d']} "
           f"H={c['h']} FF={c['ff']} T={c['t']} V={c['vocab']}, batch {c['batch']}; "
           f"{count_parameters(eager['archsweep']):,} parameters, {per_token / 1e6:,.2f} MFLOP per token (training); "
-          f"peak {peak / 1e12:,.1f} TFLOP/s ({source})")
+          f"{peak.line()}")
     g = torch.Generator().manual_seed(0)
     x, y = (torch.randint(0, c["vocab"], (c["batch"], c["t"]), generator=g).to(device) for _ in range(2))
     print("Training (alternating rounds):")
@@ -145,7 +145,7 @@ def main() -> None:
     print(f"\n{'model':<16}{'tokens/s':>12}{'MFU':>8}{'peak GiB':>10}{'warm-up s':>11}{'ours / it':>11}")
     for label, rate in rates.items():
         mem = peak_memory(models[label], x, y, dtype)
-        print(f"{label:<16}{rate:>12,.0f}{100 * rate * per_token / peak:>7.1f}%"
+        print(f"{label:<16}{rate:>12,.0f}{100 * rate * per_token / peak.flops:>7.1f}%"
               f"{(f'{mem:.2f}' if mem is not None else 'n/a'):>10}{warm[label]:>11.1f}"
               f"{rates['archsweep'] / rate:>11.3f}")
     print(f"MFU target >= 45% (ours), ours / reference >= 1.0: {rates['archsweep'] / rates['reference-gpt']:.3f}")

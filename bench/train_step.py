@@ -265,14 +265,14 @@ def mfu_check(overrides: list[str], steps: int) -> None:
     tokens = sum(b["n_tokens"] for b in batches[5:])
     cache = cache_dir(cfg.task.get("cache_dir"))
     remeasure(torch.device("cpu"), str(cfg.trainer.precision), cache)  # a fresh probe; the cache keeps the best
-    peak, source = peak_flops(torch.device("cpu"), str(cfg.trainer.precision), cfg.trainer.get("peak_flops"), cache)
+    peak = peak_flops(torch.device("cpu"), str(cfg.trainer.precision), cfg.trainer.get("peak_flops"), cache)
     shape = flop_shape(batches[5])
     rule = 6 * (count_parameters(model) - model_cfg.vocab_size * model_cfg.d_model) + 12 * model_cfg.n_layers * \
         shape.length * model_cfg.d_model
     print(f"{' '.join(overrides)}: {count_parameters(model):,} parameters, {flops / tokens:,.0f} training FLOPs per "
-          f"token (6 N + 12 L T D: {rule:,.0f}); peak {peak / 1e9:,.1f} GFLOP/s ({source})")
+          f"token (6 N + 12 L T D: {rule:,.0f}); {peak.line()}")
     before = bare_seconds()
-    print(f"bare loop, before: {tokens / before:,.0f} tokens/s, MFU {100 * flops / before / peak:.1f}%  ({steps} "
+    print(f"bare loop, before: {tokens / before:,.0f} tokens/s, MFU {100 * flops / before / peak.flops:.1f}%  ({steps} "
           f"steps)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         args = [*overrides, f"trainer.max_steps={steps}", "logger=csv", f"hydra.run.dir={tmp}/run",
@@ -286,8 +286,8 @@ def mfu_check(overrides: list[str], steps: int) -> None:
     print(f"train.py:          {results['tokens_per_s']:,.0f} tokens/s, MFU {100 * results['mfu']:.1f}%  "
           f"(results.json; {steps} steps, validation excluded)", flush=True)
     after = bare_seconds()
-    print(f"bare loop, after:  {tokens / after:,.0f} tokens/s, MFU {100 * flops / after / peak:.1f}%")
-    bare = flops / ((before + after) / 2) / peak  # the mean of the runs either side: load drift cancels to first order
+    print(f"bare loop, after:  {tokens / after:,.0f} tokens/s, MFU {100 * flops / after / peak.flops:.1f}%")
+    bare = flops / ((before + after) / 2) / peak.flops  # the mean of the runs either side: load drift cancels
     print(f"train.py MFU / bare-loop MFU: {results['mfu'] / bare:.3f} (target: within 15%, 0.85 to 1.15)")
 
 

@@ -1,18 +1,22 @@
 """The `callbacks` config group: every option composes, checks and builds Lightning callbacks; EarlyStopping from
-the command line stops a run early; a target that is not a Lightning callback is refused before training."""
+the command line stops a run early; a target that is not a Lightning callback is refused before training. And
+train.py's own Progress callback: an ETA from the recent pace, validation excluded, restarted at a resume."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from archsweep.core.train.callback_group import check_callbacks, make_callbacks
+from archsweep.core.train.callbacks import Progress
 from archsweep.core.train.job import ConfigError, check_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,3 +117,91 @@ def test_early_stopping_from_the_command_line_stops_a_run_early(tmp_path):
     assert res["status"] == "completed" and res["steps"] == 20
     assert res["choices"]["callbacks"] == "early_stopping"
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+class Clock:
+    """A fake clock for Progress: seconds advance only when a test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Module:
+    def log(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def fake_trainer(step: int = 0, max_steps: int = 1000) -> SimpleNamespace:
+    return SimpleNamespace(global_step=step, max_steps=max_steps, log_every_n_steps=10, accumulate_grad_batches=1,
+                           callback_metrics={"train/loss": 1.0}, optimizers=[], sanity_checking=False,
+                           state=SimpleNamespace(fn="fit"))
+
+
+def run_steps(progress: Progress, trainer: SimpleNamespace, clock: Clock, steps: int, seconds: float) -> None:
+    for _ in range(steps):
+        progress.on_train_batch_start(trainer, Module(), {"n_tokens": 100}, 0)
+        clock.now += seconds
+        trainer.global_step += 1
+        progress.on_train_batch_end(trainer, Module(), None, {"n_tokens": 100}, 0)
+
+
+def last_eta(caplog: pytest.LogCaptureFixture) -> float:
+    line = [r.getMessage() for r in caplog.records if " | eta " in r.getMessage()][-1]
+    return float(line.rsplit("eta ", 1)[1].removesuffix("s"))
+
+
+def test_eta_follows_the_recent_pace_without_validation(caplog):
+    clock, trainer = Clock(), fake_trainer()
+    progress = Progress(0.0, clock=clock)
+    progress.on_train_start(trainer, Module())
+    with caplog.at_level(logging.INFO, logger="train"):
+        run_steps(progress, trainer, clock, 100, 0.5)
+        assert last_eta(caplog) == pytest.approx(900 * 0.5)
+        progress.on_validation_start(trainer, Module())
+        clock.now += 120.0  # a long validation: not training pace
+        progress.on_validation_end(trainer, Module())
+        run_steps(progress, trainer, clock, 10, 0.5)
+        assert last_eta(caplog) == pytest.approx(890 * 0.5)
+        run_steps(progress, trainer, clock, 200, 1.5)  # the machine got busy: 300 s at the new pace
+        assert last_eta(caplog) == pytest.approx(690 * 1.5, rel=0.01)
+    assert progress.tokens == 310 * 100
+
+
+def test_eta_drops_the_start_up_window_once_the_next_is_timed(caplog):
+    clock, trainer = Clock(), fake_trainer()
+    progress = Progress(0.0, clock=clock)
+    progress.on_train_start(trainer, Module())
+    with caplog.at_level(logging.INFO, logger="train"):
+        run_steps(progress, trainer, clock, 10, 5.0)  # workers starting, first allocations
+        assert last_eta(caplog) == 990 * 5.0  # the only pace known so far
+        run_steps(progress, trainer, clock, 10, 0.5)
+        assert last_eta(caplog) == 980 * 0.5
+        run_steps(progress, trainer, clock, 10, 1.0)  # 15 s over 20 steps, the newer (slower) window counting more
+        assert 970 * 0.75 < last_eta(caplog) < 970 * 1.0
+
+
+def test_eta_after_a_resume_uses_only_the_resumed_steps(caplog):
+    clock, trainer = Clock(), fake_trainer()
+    progress = Progress(0.0, clock=clock)
+    progress.on_train_start(trainer, Module())
+    run_steps(progress, trainer, clock, 50, 0.1)  # a fast first fit
+    trainer.global_step = 900  # resumed from a checkpoint at step 900, on a slower machine
+    progress.on_train_start(trainer, Module())
+    with caplog.at_level(logging.INFO, logger="train"):
+        run_steps(progress, trainer, clock, 10, 1.0)
+    assert last_eta(caplog) == 90.0  # 90 steps at 1 s; elapsed / global step would say 1 s
+    progress.on_train_end(trainer, Module())
+    assert progress.train_s == pytest.approx(10.0)
+
+
+def test_no_eta_without_max_steps(caplog):
+    clock, trainer = Clock(), fake_trainer(max_steps=-1)
+    progress = Progress(0.0, clock=clock)
+    progress.on_train_start(trainer, Module())
+    with caplog.at_level(logging.INFO, logger="train"):
+        run_steps(progress, trainer, clock, 10, 1.0)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 10/")]
+    assert "eta" not in line and line.endswith("100 tok/s")

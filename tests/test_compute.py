@@ -19,6 +19,7 @@ from wandb_reader import read_run
 from archsweep.core.model.build import build_model, flops_per_token
 from archsweep.core.train import compute
 from archsweep.core.train.job import ConfigError, apply_budget, build_task, model_config
+from archsweep.core.train.results import Results
 from archsweep.core.train.schemas import check_schemas
 from archsweep.variants.flops import TRAIN_FACTOR, forward_flops
 
@@ -101,28 +102,154 @@ def test_bad_budgets_are_refused():
 
 def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path, monkeypatch):
     cpu = torch.device("cpu")
-    assert compute.peak_flops(cpu, "32-true", 1e12, tmp_path) == (1e12, "trainer.peak_flops")
+    assert compute.peak_flops(cpu, "32-true", 1e12, tmp_path) == compute.Peak(1e12, "trainer.peak_flops")
     # a GPU that Lightning's table lists (get_available_flops): its dense peak in the run's precision
     monkeypatch.setattr(compute.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(compute.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     fake_gpu = torch.device("cuda", 0)
-    assert compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path) == (989.4e12, "NVIDIA H100 80GB HBM3 data "
-                                                                                     "sheet (Lightning's table)")
-    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path)[0] == 66.9e12
+    listed = compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path)
+    assert listed == compute.Peak(989.4e12, "Lightning's table for NVIDIA H100 80GB HBM3")
+    assert not listed.estimate and listed.line() == "peak 989 TFLOP/s: Lightning's table for NVIDIA H100 80GB HBM3"
+    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path).flops == 66.9e12
     monkeypatch.setattr(compute.torch, "get_float32_matmul_precision", lambda: "high")
-    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path)[0] == 494.7e12  # fp32 matmuls on TF32 cores
-    probes = []
-    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: probes.append(dtype) or 5e10)
-    assert compute.peak_flops(cpu, "32-true", None, tmp_path) == (5e10, "matmul probe")
-    again, source = compute.peak_flops(cpu, "32-true", None, tmp_path)
-    assert again == 5e10 and "cached" in source and probes == [torch.float32]  # measured once per machine
+    assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path).flops == 494.7e12  # fp32 matmuls on TF32 cores
+    probes = quiet_machine(monkeypatch, rate=5e10, one_thread=5e10 / THREADS)
+    probed = compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert probed.flops == 5e10 and probed.source == "CPU probe, just taken, load 0.2 on 8 cores" and probed.estimate
+    assert probed.line() == "peak 50 GFLOP/s: CPU probe, just taken, load 0.2 on 8 cores; MFU is an estimate"
+    again = compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert again.flops == 5e10 and probes == [torch.float32]  # measured once per machine
     compute.peak_flops(cpu, "bf16-mixed", None, tmp_path)
     assert probes == [torch.float32, torch.bfloat16]  # another precision is another peak
     monkeypatch.setattr(compute.torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
     with pytest.warns(UserWarning, match="FLOPs not found for 'NVIDIA B200'"):  # not in Lightning's table: probed
-        assert compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path) == (5e10, "matmul probe")
-    (tmp_path / "peak_flops.json").write_text("{not json")
-    assert compute.peak_flops(cpu, "32-true", None, tmp_path)[0] == 5e10  # a corrupt cache is measured again
+        gpu_probe = compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path)
+    assert gpu_probe.flops == 5e10 and gpu_probe.source == "NVIDIA B200 probe, just taken" and gpu_probe.estimate
+    (tmp_path / compute.PROBES).write_text("{not json")
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path).flops == 5e10  # a corrupt cache is measured again
+    assert probes == [torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
+
+
+THREADS = 2  # torch's threads in the probe tests
+HOUR = 3600.0
+
+
+class Machine:
+    """A faked clock, load average and matmul probe (compute.measure_rates) on an 8-core machine."""
+
+    def __init__(self, monkeypatch, rate: float, one_thread: float, load: float = 0.2) -> None:
+        self.rate, self.one_thread, self.load, self.now = rate, one_thread, load, 1.75e9
+        self.probes: list[torch.dtype] = []
+        monkeypatch.setattr(compute, "measure_rates", self.measure)
+        monkeypatch.setattr(compute, "wall_clock", lambda: self.now)
+        monkeypatch.setattr(compute, "load_average", lambda: self.load)
+        monkeypatch.setattr(compute, "cpu_cores", lambda: 8)
+        monkeypatch.setattr(compute.torch, "get_num_threads", lambda: THREADS)
+
+    def measure(self, device: torch.device, dtype: torch.dtype) -> tuple[float, float | None]:
+        self.probes.append(dtype)
+        return self.rate, self.one_thread if device.type == "cpu" else None
+
+
+def quiet_machine(monkeypatch, rate: float, one_thread: float) -> list[torch.dtype]:
+    return Machine(monkeypatch, rate, one_thread).probes
+
+
+def cached_probe(cache: Path) -> dict:
+    (record,) = json.loads((cache / compute.PROBES).read_text()).values()
+    return record
+
+
+def test_a_probe_taken_under_load_is_not_trusted_and_is_replaced_on_a_quiet_machine(tmp_path, monkeypatch):
+    """The issue's figures: 26.6 GFLOP/s with the machine busy, 49.4 with one thread, 104 when quiet."""
+    cpu = torch.device("cpu")
+    machine = Machine(monkeypatch, rate=26.6e9, one_thread=40e9, load=9.0)  # 9 runnable tasks on 8 cores
+    busy = compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert len(machine.probes) == compute.PROBE_TRIES  # tried again while suspect, then kept the best
+    assert busy.flops == 40e9 * THREADS  # never below one thread's rate x the threads
+    assert busy.source == "CPU probe, just taken, load 9.0 on 8 cores (suspect: fewer idle cores than its 2 threads)"
+    record = cached_probe(tmp_path)
+    assert record["load"] == 9.0 and record["at"] == machine.now and record["threads"] == THREADS
+    assert record["dtype"] == "float32" and record["torch"] == torch.__version__.split("+")[0]
+    machine.now += 3 * HOUR
+    machine.rate, machine.one_thread, machine.load = 104e9, 49.4e9, 0.4  # quiet now
+    quiet = compute.peak_flops(cpu, "32-true", None, tmp_path)  # the suspect record is taken again
+    assert quiet.flops == 104e9 and quiet.source == "CPU probe, just taken, load 0.4 on 8 cores"
+    assert len(machine.probes) == compute.PROBE_TRIES + 1  # trusted at the first try
+    machine.now += 3 * HOUR
+    later = compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert later == compute.Peak(104e9, "CPU probe, 3 h old, load 0.4 on 8 cores", 3 * HOUR, estimate=True)
+    assert len(machine.probes) == compute.PROBE_TRIES + 1  # a trusted record is used as it is
+
+
+def test_a_probe_far_below_one_thread_times_the_threads_is_suspect(tmp_path, monkeypatch):
+    machine = Machine(monkeypatch, rate=26.6e9, one_thread=49.4e9)  # an idle load, yet 2 threads < 1 thread
+    peak = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)
+    assert peak.flops == pytest.approx(98.8e9) and len(machine.probes) == compute.PROBE_TRIES
+    assert "suspect: 2 threads reached 26.6 GFLOP/s, under 50% of 2 x one thread's 49.4 GFLOP/s" in peak.source
+    machine.rate = 60e9  # 61% of 2 x 49.4: a real machine's scaling, trusted
+    assert compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path).source == \
+        "CPU probe, just taken, load 0.2 on 8 cores"
+
+
+def test_a_stale_or_recordless_probe_is_taken_again(tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    machine = Machine(monkeypatch, rate=100e9, one_thread=50e9)
+    key = compute.machine_key(cpu, torch.float32)
+    (tmp_path / "peak_flops.json").write_text(json.dumps({key: 26.6e9}))  # the older cache: no record, not read
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path).flops == 100e9
+    machine.now += 29 * 86400
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path).source.startswith("CPU probe, 29 d old")
+    assert len(machine.probes) == 1
+    machine.now += 2 * 86400  # 31 days: stale
+    machine.rate = 90e9  # a lower but trusted probe replaces the stale one
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path) == \
+        compute.Peak(100e9, "CPU probe, just taken, load 0.2 on 8 cores", 0.0, estimate=True)  # 2 x 50e9 floor
+    assert len(machine.probes) == 2 and cached_probe(tmp_path)["rate"] == 90e9
+    for broken in (26.6e9, {**cached_probe(tmp_path), "rate": "fast"}, {"rate": 26.6e9}):  # not a record
+        (tmp_path / compute.PROBES).write_text(json.dumps({key: broken}))
+        compute.peak_flops(cpu, "32-true", None, tmp_path)  # taken again and rewritten
+        assert cached_probe(tmp_path)["rate"] == 90e9
+    assert len(machine.probes) == 5
+
+
+def test_threads_beyond_the_cores_count_as_the_cores(tmp_path, monkeypatch):
+    machine = Machine(monkeypatch, rate=100e9, one_thread=50e9)
+    monkeypatch.setattr(compute, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(compute.torch, "get_num_threads", lambda: 4)  # oversubscribed: 4 threads on 2 cores
+    peak = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)
+    assert peak == compute.Peak(100e9, "CPU probe, just taken, load 0.2 on 2 cores", 0.0, estimate=True)
+    assert len(machine.probes) == 1  # trusted on an idle machine: 2 x one thread, not 4 x
+    machine.load = 1.0  # one of the two cores busy
+    machine.now += 31 * 86400
+    assert "suspect: fewer idle cores than its 2 threads" in \
+        compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path).source
+
+
+def test_a_suspect_probe_reading_lower_keeps_the_better_record(tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    machine = Machine(monkeypatch, rate=104e9, one_thread=49.4e9)
+    compute.peak_flops(cpu, "32-true", None, tmp_path)
+    machine.now += 31 * 86400
+    machine.rate, machine.one_thread, machine.load = 26.6e9, 20e9, 9.0
+    kept = compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert kept.flops == 104e9 and "31 d old" in kept.source and "suspect" in kept.source
+    assert cached_probe(tmp_path)["load"] == 0.2  # the old record stays, to be probed again next time
+
+
+def test_results_name_the_peak_its_source_and_age(tmp_path, monkeypatch):
+    machine = Machine(monkeypatch, rate=104e9, one_thread=49.4e9)
+    compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)  # cached by an earlier run
+    machine.now += 3 * HOUR
+    meter = compute.Compute(None, tmp_path)
+    meter.peak = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)
+    meter.flops, meter.tokens = 52e9, 1000
+    Results(status="completed", **meter.summary(train_s=2.0)).write(tmp_path / "results.json")
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["peak_flops"] == 104e9 and written["mfu"] == pytest.approx(0.25)
+    assert written["peak_source"] == "CPU probe, 3 h old, load 0.2 on 8 cores"
+    assert written["peak_age_s"] == 3 * HOUR and written["mfu_estimate"] is True
+    assert Results.read(tmp_path / "results.json").peak_source == written["peak_source"]
 
 
 def test_the_probe_measures_a_real_rate():
@@ -146,6 +273,8 @@ def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
     assert results["flops_per_token"] == pytest.approx(per_token)
     assert results["total_flops"] == pytest.approx(per_token * 12 * 64 * 8)  # 8 steps of 12 x 64 tokens
     assert results["peak_flops"] == 1e11 and 0 < results["mfu"] < 1
+    assert results["peak_source"] == "trainer.peak_flops" and results["peak_age_s"] is None
+    assert results["mfu_estimate"] is False
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     logged = [r for r in rows if r.get("train/mfu")]
     assert [int(r["step"]) for r in logged] == [1, 3, 5, 7]  # every log step (steps are 0-based in the csv)
@@ -157,16 +286,15 @@ def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
 
 
 def test_a_run_faster_than_the_cached_peak_measures_it_again(tmp_path, monkeypatch):
-    """A probe taken while the machine was busy reads low; a run that beats it (MFU over 100%) re-probes, and the
-    cache keeps the best rate seen."""
-    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: 1e9)
+    """A run that beats a probe (MFU over 100%) proves it low: it is taken again, and the cache keeps the best."""
+    machine = Machine(monkeypatch, rate=1e9, one_thread=0.5e9)
     meter = compute.Compute(None, tmp_path)
-    meter.peak, meter.peak_source = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)
-    assert meter.peak == 1e9
+    meter.peak = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)
+    assert meter.peak.flops == 1e9
     meter.flops, meter.tokens = 4e9, 1000  # 4e9 FLOPs in 1 s: 400% of the stale peak
-    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: 8e9)
+    machine.rate = 8e9
     summary = meter.summary(train_s=1.0)
     assert summary["peak_flops"] == 8e9 and summary["mfu"] == pytest.approx(0.5)
-    assert compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)[0] == 8e9  # cached for later runs
-    monkeypatch.setattr(compute, "measure_matmul_peak", lambda device, dtype: 2e9)
-    assert compute.remeasure(torch.device("cpu"), "32-true", tmp_path) == 8e9  # a lower probe never replaces it
+    assert compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path).flops == 8e9  # cached for later runs
+    machine.rate = 2e9
+    assert compute.remeasure(torch.device("cpu"), "32-true", tmp_path).flops == 8e9  # a lower probe keeps it

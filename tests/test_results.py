@@ -54,6 +54,14 @@ def test_a_file_from_before_the_schema_had_a_version_reads():
     assert {k: v for k, v in results.to_dict().items() if k in raw} == raw  # nothing it held is lost
 
 
+def test_a_version_2_file_from_before_the_peak_fields_reads():
+    data = {k: v for k, v in completed(mfu=0.44, peak_flops=26.6e9).to_dict().items()
+            if k not in ("peak_source", "peak_age_s", "mfu_estimate")}
+    results = Results.from_dict(data)
+    assert results.mfu == 0.44 and results.value("mfu") == 0.44 and results.peak_flops == 26.6e9
+    assert results.peak_source is None and results.peak_age_s is None and results.mfu_estimate is None
+
+
 def test_the_report_reads_a_run_of_each_version(tmp_path):
     old, new = tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"
     old.mkdir(parents=True)

@@ -88,8 +88,8 @@ def test_text_tasks_train_with_both_kinds(task, tmp_path):
     check_trained(sweep_jobs(sweep), {(task, k) for k in ("encoder_decoder", "decoder_only")})
     if task == "shakespeare_char":
         assert "vocab_size: 71" in (sweep / "0" / "config.yaml").read_text()  # 65 characters, 6 special tokens
-    # prepared once, reused by the second job (beside it: the machine's matmul peak for MFU, peak_flops.json)
-    [entry] = [p for p in (tmp_path / "cache").iterdir() if p.name != "peak_flops.json"]
+    # prepared once, reused by the second job (beside it: the machine's matmul peak for MFU, peak_probes.json)
+    [entry] = [p for p in (tmp_path / "cache").iterdir() if p.name != "peak_probes.json"]
     saved = (sweep / "0" / "tokenizer.json").read_bytes()  # saved with the run, too
     assert saved == (entry / "tokenizer.json").read_bytes()
     assert entry.name.startswith("text-char-" if task == "shakespeare_char" else "text-bpe-")

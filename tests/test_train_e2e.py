@@ -29,7 +29,8 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "name", "group", "run_dir", "choices", "overrides", "seed", "params", "steps", "train",
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib",
-               "flops_per_token", "total_flops", "mfu", "peak_flops", "task_family", "interrupted", "version"}
+               "flops_per_token", "total_flops", "mfu", "peak_flops", "peak_source", "peak_age_s", "mfu_estimate",
+               "task_family", "interrupted", "version"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
 GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding",
           "callbacks",
@@ -86,6 +87,8 @@ def test_single_run_writes_its_directory(tmp_path):
     assert res["choices"]["model"] == "encoder_decoder" and res["choices"]["norm"] == "post"
     assert res["tokens_per_s"] > 0 and res["wall_time_s"] > res["fit_time_s"] > 0
     assert 50 < res["peak_memory_mib"] < 20_000  # this process's peak resident set during the run, in MiB
+    assert res["peak_source"].startswith("CPU probe, ") and res["peak_age_s"] >= 0 and res["mfu_estimate"] is True
+    assert 0 < res["mfu"] < 1 and res["peak_flops"] > 0
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
     assert "vocab_size: 20" in (run_dir / "config.yaml").read_text()  # filled in from the task
     assert max(train_losses(run_dir)) == 19  # metrics.csv counts steps from 0, as Lightning does
@@ -176,6 +179,7 @@ def test_ddp_on_two_cpu_processes_in_a_sweep(tmp_path):
     for job in ("0", "1"):
         res = results(sweep / job)
         assert res["status"] == "completed" and res["world_size"] == 2 and res["steps"] == 10
+        assert res["peak_source"].startswith("CPU probe, ") and 0 < res["mfu"] < 1  # rank 0's probe, shared
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
         assert (sweep / job / "train_ddp_process_1.log").is_file()  # the second process ran this job
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from archsweep.core.model.checkpoint import atomic_save, safe_load
 
 log = logging.getLogger("train")
+ETA_HALF_LIFE_S = 30.0  # the ETA's pace: earlier training counts half per this many seconds of it
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -76,12 +78,20 @@ class RunCheckpoint(ModelCheckpoint):
 
 class Progress(L.Callback):
     """Measures tokens/s and training time, logs `train/tokens_per_s`, and prints one line per log step (with the
-    ETA) and per validation. Counts come from the batch's `n_tokens` (a Python int set on the CPU): no device sync.
-    Lightning's ThroughputMonitor would synchronise CUDA after every batch, reports nothing until its window of
-    batches fills, and has no ETA; its FLOP and MFU side is ours in compute.py (mask-aware FLOPs, a CPU peak)."""
+    ETA) and per validation. The ETA is the steps left times the seconds per step of this fit's recent log windows
+    (see `pace`), validation excluded; a resumed fit starts its own. Counts come from the batch's
+    `n_tokens` (a Python int set on the CPU): no device sync. Lightning's ThroughputMonitor would synchronise CUDA
+    after every batch, reports nothing until its window of batches fills, and has no ETA; its FLOP and MFU side is
+    ours in compute.py (mask-aware FLOPs, a CPU peak)."""
 
-    def __init__(self, start_time: float, val_keys: tuple[str, ...] = ("loss", "ppl", "acc", "exact_match")) -> None:
+    def __init__(self, start_time: float, val_keys: tuple[str, ...] = ("loss", "ppl", "acc", "exact_match"),
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.start_time = start_time  # process start, for time to first step
+        self.clock = clock  # seconds, for the training time, tokens/s and the ETA
+        self.step_s: float | None = None  # seconds per optimiser step, smoothed over this fit's recent windows
+        self.paced_s = self.paced_steps = 0.0  # decayed sums of training seconds and steps behind step_s
+        self.windows = 0  # log windows of this fit timed so far
+        self.window_step = 0  # global step where the current log window began
         self.val_keys = val_keys  # what the validation line shows (core/train/summary.py: what fits the task)
         self.first_step_s: float | None = None
         self.lr: float | None = None  # of the step in progress
@@ -91,10 +101,11 @@ class Progress(L.Callback):
         self.window_start = self.fit_start = self.val_start = 0.0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.fit_start = self.window_start = time.perf_counter()
+        self.fit_start = self.window_start = self.clock()
+        self.window_step, self.step_s, self.windows = trainer.global_step, None, 0  # a resumed fit's pace is its own
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.train_s = time.perf_counter() - self.fit_start - self.val_s
+        self.train_s = self.clock() - self.fit_start - self.val_s
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -106,35 +117,56 @@ class Progress(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         self.tokens += batch["n_tokens"]
         self.window_tokens += batch["n_tokens"]
         every = trainer.log_every_n_steps
         if every and trainer.global_step % every == 0 and (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
-            rate = self.window_tokens / max(now - self.window_start, 1e-9)
+            spent = max(now - self.window_start, 1e-9)
+            rate = self.window_tokens / spent
             pl_module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
-            self.window_tokens, self.window_start = 0, now
+            self.pace(spent, trainer.global_step - self.window_step)
+            self.window_tokens, self.window_start, self.window_step = 0, now, trainer.global_step
             self._print_step(trainer, rate)
+
+    def pace(self, spent: float, steps: int) -> None:
+        """Take a log window of `steps` optimiser steps in `spent` seconds (validation excluded) into the seconds per
+        step: recent training time over recent steps, both sums halving every ETA_HALF_LIFE_S of training. The
+        fit's first window (start-up: workers, first allocations) stands alone until the next one replaces it."""
+        if steps <= 0:
+            return
+        keep = 0.5 ** (spent / ETA_HALF_LIFE_S) if self.windows > 1 else 0.0
+        self.paced_s = self.paced_s * keep + spent
+        self.paced_steps = self.paced_steps * keep + steps
+        self.windows += 1
+        self.step_s = self.paced_s / self.paced_steps
+
+    def eta_s(self, step: int, total: int) -> float | None:
+        """Seconds left to step `total` at the recent pace (None before a window is timed or without max_steps)."""
+        if self.step_s is None or total <= 0:
+            return None
+        return self.step_s * max(total - step, 0)
 
     def _print_step(self, trainer: L.Trainer, rate: float) -> None:
         m = trainer.callback_metrics  # tensors -> floats here, once per log step
         step, total = trainer.global_step, trainer.max_steps
-        elapsed = time.perf_counter() - self.fit_start
-        eta = elapsed / step * (total - step) if step and total > 0 else 0.0
+        eta = self.eta_s(step, total)
         parts = [f"step {step}/{total}", f"loss {float(m['train/loss']):.4f}"]
         if "train/acc" in m:
             parts.append(f"acc {float(m['train/acc']):.3f}")
         if self.lr is not None:
             parts.append(f"lr {self.lr:.2e}")
-        parts += [f"{rate:,.0f} tok/s", f"eta {eta:.0f}s"]
+        parts.append(f"{rate:,.0f} tok/s")
+        if eta is not None:
+            parts.append(f"eta {eta:.0f}s")
         log.info(" | ".join(parts))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.val_start = time.perf_counter()
+        self.val_start = self.clock()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        spent = time.perf_counter() - self.val_start
-        self.window_start += spent  # keep validation out of tokens/s
+        spent = self.clock() - self.val_start
+        self.window_start += spent  # keep validation out of tokens/s and the ETA
         if trainer.state.fn == "fit":
             self.val_s += spent
         if trainer.state.fn != "fit" or trainer.sanity_checking:

@@ -3,9 +3,16 @@ running total, and model-FLOP utilisation (MFU) against the device's peak.
 
 The peak is `trainer.peak_flops` when set; on a GPU that Lightning's table of data-sheet peaks knows
 (`lightning.fabric.utilities.throughput.get_available_flops`), its peak in the run's precision (TF32 where
-fp32 matmuls may use it); otherwise (CPUs, other GPUs) the best rate of a short matmul probe in the run's
-precision, measured once per machine and cached (`peak_flops.json` in the cache directory). On a CPU the probe is
-the honest ceiling: no data sheet knows how many cores torch gets.
+fp32 matmuls may use it); otherwise (CPUs, other GPUs) a short matmul probe in the run's precision, cached per
+machine in `peak_probes.json` in the cache directory with when it ran, the load then, the threads, the dtype and
+the torch version (the older `peak_flops.json`, bare numbers with no such record, is not read). No data sheet
+knows how many cores torch gets on a CPU, so there MFU is an estimate.
+
+A CPU probe also times one thread, and its peak is never below the one-thread rate times its lanes (torch's
+threads, at most the cores: what the cores could do together). A probe is suspect when it is older than 30 days,
+or ran while the one-minute load average left fewer idle cores than its lanes (load > cores - lanes + 0.5), or
+its threads together reached less than half the one-thread rate times the lanes; a suspect probe is taken again
+(up to three tries, keeping the best) and replaced by one that is trusted or reads higher.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import logging
 import os
 import platform
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +36,13 @@ from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops
 log = logging.getLogger(__name__)
 
 PROBE_SIZE = 1024  # the probe multiplies two PROBE_SIZE x PROBE_SIZE matrices
-DATA_SHEET = "data sheet (Lightning's table)"
+PROBE_SECONDS = 0.5  # all threads; one thread gets half of it
+PROBE_TRIES = 3  # probes taken in a row while they are suspect
+MAX_AGE_S = 30 * 86400.0
+MIN_SCALING = 0.5  # all threads under this share of (one thread's rate x lanes): the probe was disturbed
+IDLE_MARGIN = 0.5  # the load average may exceed (cores - lanes) by this much
+PROBES = "peak_probes.json"  # in the cache directory
+TABLE = "Lightning's table for "  # the source of a GPU peak from get_available_flops
 
 
 def probe_dtype(precision: str) -> torch.dtype:
@@ -59,6 +73,141 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, seconds: float
     return best
 
 
+def measure_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, float | None]:
+    """(best FLOP/s with torch's threads, best FLOP/s with one thread). The second is None off the CPU, where the
+    host's threads do not do the arithmetic."""
+    rate = measure_matmul_peak(device, dtype, PROBE_SECONDS)
+    if device.type != "cpu":
+        return rate, None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = measure_matmul_peak(device, dtype, PROBE_SECONDS / 2)
+    finally:
+        torch.set_num_threads(threads)
+    return rate, one
+
+
+def load_average() -> float | None:
+    """The one-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def wall_clock() -> float:
+    return time.time()
+
+
+def cpu_cores() -> int:
+    return os.cpu_count() or 1
+
+
+def flop_rate(flops: float) -> str:
+    return f"{flops / 1e12:.3g} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
+
+
+def age_text(seconds: float) -> str:
+    if seconds < 60:
+        return "just taken"
+    unit, size = next((unit, size) for unit, size in (("d", 86400), ("h", 3600), ("min", 60)) if seconds >= size)
+    return f"{seconds / size:.0f} {unit} old"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe's record in peak_probes.json."""
+
+    rate: float  # best FLOP/s with all threads
+    one_thread: float | None  # best FLOP/s with one thread (CPU only)
+    at: float  # wall-clock time (time.time) when it ran
+    load: float | None  # one-minute load average just before
+    cores: int
+    threads: int
+    dtype: str
+    torch: str
+
+    @property
+    def lanes(self) -> int:
+        """The threads that can run at once: torch's threads, at most the cores."""
+        return max(min(self.threads, self.cores), 1)
+
+    @property
+    def flops(self) -> float:
+        """The peak it gives: never below the one-thread rate times the lanes."""
+        return max(self.rate, (self.one_thread or 0.0) * self.lanes)
+
+    def doubt(self, now: float) -> str | None:
+        """Why this probe is not to be trusted (the module docstring's rule), or None."""
+        if now - self.at > MAX_AGE_S:
+            return f"{age_text(now - self.at)}, over {MAX_AGE_S / 86400:.0f} days"
+        if self.one_thread is None:
+            return None
+        if self.load is not None and self.load > self.cores - self.lanes + IDLE_MARGIN:
+            return f"fewer idle cores than its {self.lanes} thread{'s' * (self.lanes > 1)}"
+        if self.rate < MIN_SCALING * self.one_thread * self.lanes:
+            return (f"{self.lanes} threads reached {flop_rate(self.rate)}, under {MIN_SCALING:.0%} of "
+                    f"{self.lanes} x one thread's {flop_rate(self.one_thread)}")
+        return None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Probe | None:
+        """A record of peak_probes.json; None for an entry that is not one (taken again and rewritten)."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            probe = cls(**value)
+        except TypeError:  # a field missing or unknown
+            return None
+        numbers = [probe.rate, probe.at, probe.cores, probe.threads] + \
+            [v for v in (probe.one_thread, probe.load) if v is not None]
+        return probe if all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers) else None
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The peak MFU is measured against, and where it comes from."""
+
+    flops: float
+    source: str  # "trainer.peak_flops", "Lightning's table for <device>", "CPU probe, 3 h old, load 0.4 on 2 cores"
+    age_s: float | None = None  # of a probe, when the run used it
+    estimate: bool = False  # a probe, not a data sheet: MFU against it is an estimate
+
+    @property
+    def table(self) -> bool:
+        return self.source.startswith(TABLE)
+
+    @property
+    def probed(self) -> bool:
+        return self.age_s is not None
+
+    def line(self) -> str:
+        return f"peak {flop_rate(self.flops)}: {self.source}" + ("; MFU is an estimate" if self.estimate else "")
+
+
+def take_probe(device: torch.device, dtype: torch.dtype) -> Probe:
+    """Probe until one is trusted, at most PROBE_TRIES times; the trusted one, else the highest."""
+    best: Probe | None = None
+    for _ in range(PROBE_TRIES):
+        load = load_average() if device.type == "cpu" else None
+        rate, one = measure_rates(device, dtype)
+        probe = Probe(rate, one, wall_clock(), load, cpu_cores(), torch.get_num_threads(),
+                      str(dtype).removeprefix("torch."), torch.__version__.split("+")[0])
+        if probe.doubt(probe.at) is None:
+            return probe
+        best = probe if best is None or probe.flops > best.flops else best
+    assert best is not None
+    return best
+
+
+def better(old: Probe | None, new: Probe) -> Probe:
+    """The record to keep: the new probe when it is trusted or reads at least as high."""
+    if old is None or new.doubt(new.at) is None or new.flops >= old.flops:
+        return new
+    return old
+
+
 def machine_key(device: torch.device, dtype: torch.dtype) -> str:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -78,49 +227,67 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def peak_flops(device: torch.device, precision: str, override: float | None, cache: Path | None) -> tuple[float, str]:
-    """(peak FLOP/s of one device, where the figure comes from)."""
+def read_cache(path: Path | None) -> dict[str, Any]:
+    if path is None or not path.is_file():
+        return {}
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # an unreadable cache is measured again and rewritten
+    return known if isinstance(known, dict) else {}
+
+
+def write_cache(path: Path | None, key: str, probe: Probe) -> None:
+    if path is None:
+        return
+    known = read_cache(path)  # read again: another run may have added its own machine meanwhile
+    known[key] = asdict(probe)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(path)
+    except OSError as e:
+        log.warning(f"could not cache the matmul probe in {path}: {e}")
+
+
+def probe_peak(probe: Probe, device: torch.device, now: float) -> Peak:
+    where = "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    load = f", load {probe.load:.1f} on {probe.cores} cores" if probe.load is not None else ""
+    doubt = probe.doubt(now)
+    source = f"{where} probe, {age_text(now - probe.at)}{load}" + (f" (suspect: {doubt})" if doubt else "")
+    return Peak(probe.flops, source, age_s=max(now - probe.at, 0.0), estimate=True)
+
+
+def peak_flops(device: torch.device, precision: str, override: float | None, cache: Path | None) -> Peak:
+    """The peak FLOP/s of one device and where the figure comes from; a missing or suspect probe is taken again."""
     if override is not None:
-        return float(override), "trainer.peak_flops"
+        return Peak(float(override), "trainer.peak_flops")
     dtype = probe_dtype(precision)
     if device.type == "cuda":
         listed = get_available_flops(device, dtype)  # None (with a warning naming the device) if not listed
         if listed:
-            return float(listed), f"{torch.cuda.get_device_name(device)} {DATA_SHEET}"
-    known, path, key = _cached(device, dtype, cache)
-    if key in known:
-        return float(known[key]), f"matmul probe (cached in {path})"
-    return remeasure(device, precision, cache), "matmul probe"
+            return Peak(float(listed), f"{TABLE}{torch.cuda.get_device_name(device)}")
+    path, key = cache / PROBES if cache is not None else None, machine_key(device, dtype)
+    old = Probe.from_json(read_cache(path).get(key))
+    if old is not None and old.doubt(wall_clock()) is None:
+        return probe_peak(old, device, wall_clock())
+    if old is not None:
+        log.info(f"taking the matmul probe again: the cached one is suspect ({old.doubt(wall_clock())})")
+    kept = better(old, take_probe(device, dtype))
+    write_cache(path, key, kept)
+    return probe_peak(kept, device, wall_clock())
 
 
-def _cached(device: torch.device, dtype: torch.dtype, cache: Path | None) -> tuple[dict[str, float], Path | None, str]:
-    key = machine_key(device, dtype)
-    path = cache / "peak_flops.json" if cache is not None else None
-    known: dict[str, float] = {}
-    if path is not None and path.is_file():
-        try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):
-            known = {}  # an unreadable cache is measured again and rewritten
-    return known, path, key
-
-
-def remeasure(device: torch.device, precision: str, cache: Path | None) -> float:
-    """Probe the peak again and cache the best rate seen on this machine (a probe taken while other jobs ran
-    reads low; a later one on a quiet machine replaces it)."""
+def remeasure(device: torch.device, precision: str, cache: Path | None) -> Peak:
+    """Probe the peak again and cache the better record (a run faster than the cached peak proves it low)."""
     dtype = probe_dtype(precision)
-    known, path, key = _cached(device, dtype, cache)
-    peak = max(measure_matmul_peak(device, dtype), float(known.get(key, 0.0)))
-    if path is not None:
-        known[key] = peak
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(path)
-        except OSError as e:
-            log.warning(f"could not cache the matmul probe in {path}: {e}")
-    return peak
+    path, key = cache / PROBES if cache is not None else None, machine_key(device, dtype)
+    old = Probe.from_json(read_cache(path).get(key))
+    new = take_probe(device, dtype)
+    kept = new if old is None or new.flops >= old.flops else old
+    write_cache(path, key, kept)
+    return probe_peak(kept, device, wall_clock())
 
 
 class Compute(L.Callback):
@@ -131,7 +298,7 @@ class Compute(L.Callback):
 
     def __init__(self, peak_override: float | None = None, cache: Path | None = None) -> None:
         self.peak_override, self.cache = peak_override, cache
-        self.peak, self.peak_source = 0.0, ""
+        self.peak: Peak | None = None
         self.flops = 0.0  # training FLOPs so far (3 x forward)
         self.tokens = 0
         self.resumed_flops = 0.0  # of those, the ones before a resume (loaded from the checkpoint)
@@ -151,10 +318,12 @@ class Compute(L.Callback):
             self.flops = self.resumed_flops = float(self.loaded.get("flops", 0.0))
             self.tokens = int(self.loaded.get("tokens", 0))
             self.loaded = None
-        self.peak, self.peak_source = peak_flops(pl_module.device, str(trainer.precision), self.peak_override,
-                                                 self.cache)
+        # one probe, on rank 0, shared with every process: probes of several processes at once would slow each other
+        peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_override, self.cache) \
+            if trainer.is_global_zero else None
+        self.peak = trainer.strategy.broadcast(peak, src=0)
         if trainer.is_global_zero:
-            log.info(f"MFU against {self.peak / 1e12:.3g} TFLOP/s per device ({self.peak_source})")
+            log.info(f"MFU against {self.peak.line()}")
         self.window_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -169,8 +338,8 @@ class Compute(L.Callback):
             spent = max(now - self.window_start, 1e-9)
             pl_module.log("train/flops", self.flops, on_step=True, on_epoch=False)
             pl_module.log("train/flops_per_token", self.flops / max(self.tokens, 1), on_step=True, on_epoch=False)
-            if self.peak > 0:
-                pl_module.log("train/mfu", self.window_flops / spent / self.peak, on_step=True, on_epoch=False)
+            if self.peak is not None and self.peak.flops > 0:
+                pl_module.log("train/mfu", self.window_flops / spent / self.peak.flops, on_step=True, on_epoch=False)
             self.window_flops, self.window_start = 0.0, now
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -182,23 +351,27 @@ class Compute(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.window_start += time.perf_counter() - self.paused  # keep validation out of the window
 
-    def summary(self, train_s: float, world_size: int = 1) -> dict[str, float | None]:
+    def summary(self, train_s: float, world_size: int = 1) -> dict[str, Any]:
         """results.json's figures: FLOPs per token, total FLOPs of all processes (each counts its own batches),
-        MFU of this fit per device (`train_s`: its training time without validation)."""
-        mfu = self.flops_this_fit / train_s / self.peak if train_s > 0 and self.peak > 0 else None
-        if mfu is not None and mfu > 1.0 and DATA_SHEET in self.peak_source:
-            log.warning(f"MFU {mfu:.0%} against {self.peak / 1e12:.3g} TFLOP/s ({self.peak_source}): that figure is "
-                        f"not this device's peak; set trainer.peak_flops to the data sheet's dense figure")
-        if mfu is not None and mfu > 1.0 and self.peak_override is None and self.peak_source != "" and \
-                DATA_SHEET not in self.peak_source:
-            old = self.peak  # a cached probe taken under load: this run beat it, so measure again
-            self.peak = remeasure(self.device, self.precision, self.cache)
-            log.warning(f"MFU {mfu:.0%} against the cached peak {old / 1e9:.1f} GFLOP/s, which must have been probed "
-                        f"while the machine was busy; measured again: {self.peak / 1e9:.1f} GFLOP/s (train/mfu "
-                        f"logged so far used the old figure)")
-            mfu = self.flops_this_fit / train_s / self.peak
+        MFU of this fit per device (`train_s`: its training time without validation), the peak and its source."""
+        peak = self.peak
+        mfu = self.flops_this_fit / train_s / peak.flops if peak is not None and train_s > 0 and peak.flops > 0 \
+            else None
+        if peak is not None and mfu is not None and mfu > 1.0 and peak.table:
+            log.warning(f"MFU {mfu:.0%} against {peak.line()}: that figure is not this device's peak; set "
+                        f"trainer.peak_flops to the data sheet's dense figure")
+        if peak is not None and mfu is not None and mfu > 1.0 and peak.probed:
+            self.peak = remeasure(self.device, self.precision, self.cache)  # this run beat the probe
+            log.warning(f"MFU {mfu:.0%} against the probed {flop_rate(peak.flops)}, which must have run while the "
+                        f"machine was busy; measured again: {self.peak.line()} (train/mfu logged so far used the "
+                        f"old figure)")
+            peak, mfu = self.peak, self.flops_this_fit / train_s / self.peak.flops
         return {"flops_per_token": self.flops / self.tokens if self.tokens else None,
-                "total_flops": self.flops * world_size, "mfu": mfu, "peak_flops": self.peak or None}
+                "total_flops": self.flops * world_size, "mfu": mfu,
+                "peak_flops": peak.flops if peak is not None and peak.flops else None,
+                "peak_source": peak.source if peak is not None else None,
+                "peak_age_s": peak.age_s if peak is not None else None,
+                "mfu_estimate": peak.estimate if peak is not None else None}
 
     @property
     def flops_this_fit(self) -> float:

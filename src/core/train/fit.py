@@ -333,7 +333,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             last_checkpoint=str(info.run_dir / CKPT_DIR / "last.ckpt"),
             resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id,
             tokens_per_s=progress.tokens_per_s * trainer.world_size,
-            **compute.summary(progress.train_s, trainer.world_size),  # flops_per_token, total_flops, mfu, peak_flops
+            **compute.summary(progress.train_s, trainer.world_size),  # FLOPs, mfu, mfu_estimate, peak_*
             peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, fit_time_s=fit_s,
             wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
             world_size=trainer.world_size)

@@ -47,6 +47,9 @@ class Results:
     total_flops: float | None = None
     mfu: float | None = None
     peak_flops: float | None = None
+    peak_source: str | None = None  # "trainer.peak_flops", "Lightning's table for <device>", "CPU probe, 3 h old, ..."
+    peak_age_s: float | None = None  # of a probed peak when the run used it (None: not a probe)
+    mfu_estimate: bool | None = None  # MFU against a probe (a CPU's), not a data sheet
     peak_memory_mib: float | None = None  # of rank 0's process; see core/train/memory.py
     train_time_s: float | None = None  # training without validation
     fit_time_s: float | None = None
