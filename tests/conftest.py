@@ -8,6 +8,8 @@ mark cannot be lost in a merge. Other modules mark their own (`pytestmark = pyte
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import archsweep.core.train.schemas  # noqa: F401  (registers the config groups' schemas, which the yaml files name)
@@ -52,3 +54,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         name = getattr(item, "originalname", item.name)
         if slow == "*" or (slow and name in slow):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def own_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Tests, and the train.py processes they start, cache (tokenized data, the peak-FLOPs probe) in this session's
+    own folder: never the user's ~/.cache, so what an earlier session left there cannot make a test pass."""
+    before = os.environ.get("ARCHSWEEP_CACHE_DIR")
+    os.environ["ARCHSWEEP_CACHE_DIR"] = str(tmp_path_factory.mktemp("archsweep-cache"))
+    yield
+    if before is None:
+        os.environ.pop("ARCHSWEEP_CACHE_DIR", None)
+    else:
+        os.environ["ARCHSWEEP_CACHE_DIR"] = before
