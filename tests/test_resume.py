@@ -13,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from archsweep.core.train import rundir
+from archsweep.core.train.job import other_model
 from archsweep.core.train.resume import expand, interrupted_rerun
 
 SAVED = ["model.d_model=32", "trainer.max_steps=40", "+callbacks.slow._target_=slowdown.Slow"]
@@ -118,3 +119,21 @@ def test_a_refused_start_removes_the_directory_it_made_and_restores_one_that_exi
     assert (run / "train.log").read_text() == "step 14/40\n"
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == b"weights"
     rundir.withdraw(tmp_path / "never-claimed")  # a directory this process did not claim: nothing happens
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_the_fields_and_the_saved_overrides(tmp_path):
+    run = make_run(tmp_path / "run", [*SAVED, "resume=elsewhere"])
+    now = {"kind": "encoder_decoder", "d_model": 64, "n_heads": 4}
+    stored = {"kind": "decoder_only", "d_model": 32, "n_heads": 4}
+    message = other_model(run / "checkpoints" / "last.ckpt", now, stored, None)
+    assert "(now -> checkpoint):\n  kind: encoder_decoder -> decoder_only\n  d_model: 64 -> 32\n" in message
+    assert "n_heads" not in message
+    assert (f"the run was started with: {' '.join(SAVED)}\nresume it with: python train.py resume={run} (the same "
+            f"overrides, read from {run}/.hydra/overrides.yaml)") in message
+
+    message = other_model(run / "checkpoints" / "last.ckpt", now, stored, str(run), [*SAVED, "model.d_model=64"])
+    assert message.startswith(f"resume={run}: the overrides added to the run's (model.d_model=64) change its model")
+    assert f"resume= takes the run's saved overrides ({' '.join(SAVED)})" in message
+
+    loose = tmp_path / "loose.ckpt"  # a checkpoint outside a run directory: no overrides to offer
+    assert f"its run directory {tmp_path} records no overrides" in other_model(loose, now, stored, None)
