@@ -12,7 +12,7 @@ run under `<output_root>/runs` launched with exactly these overrides, when that 
 or failed newest run, different overrides, a sweep (`-m`, which resumes its cells itself) or any `ckpt_path`,
 `overwrite` or `resume` on the command line leave the command as it is.
 
-Light (OmegaConf only): all of it runs before Hydra composes.
+Light (PyYAML only): all of it runs before Hydra composes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import yaml
 
 from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.results import RESULTS
@@ -30,6 +30,7 @@ from archsweep.core.train.runinfo import override_key
 SAVED = Path(".hydra") / "overrides.yaml"  # what Hydra writes into every run directory
 NOT_SAVED = ("resume", "ckpt_path")  # how a run was resumed, not what it trains
 RUN_DIR = "hydra.run.dir"
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # PyYAML without libyaml has only the Python one
 
 
 def saved_overrides(run_dir: Path) -> list[str] | None:
@@ -37,11 +38,11 @@ def saved_overrides(run_dir: Path) -> list[str] | None:
     In a directory this process claimed, the file as it was before Hydra rewrote it for this start."""
     before = STARTS.get(run_dir.resolve())
     try:
-        if before is not None and before.existed:
-            saved = OmegaConf.create(before.hydra[SAVED.name].decode())
-        else:
-            saved = OmegaConf.load(run_dir / SAVED)
-    except (OSError, ValueError, KeyError):
+        text = before.hydra[SAVED.name] if before is not None and before.existed else (run_dir / SAVED).read_bytes()
+        saved = yaml.load(text, Loader=LOADER)  # the C loader: a start may read every run's file (interrupted_rerun)
+    except (OSError, KeyError, yaml.YAMLError):
+        return None
+    if not isinstance(saved, list):
         return None
     return [str(o) for o in saved if override_key(str(o)) not in NOT_SAVED]
 
