@@ -276,7 +276,8 @@ def withdraw(run_dir: Path) -> None:
     a directory this process did not claim (a DDP worker's, a sweep job's)."""
     before = STARTS.pop(Path(run_dir).resolve(), None)
     if before is not None:
-        log.info(f"refused before training: {run_dir} {'is left as it was' if before.existed else 'is removed'}")
+        if before.existed:  # a directory made for the start goes silently: the refusal stays one line
+            log.info(f"{run_dir} is left as it was")
         before.restore()
 
 
