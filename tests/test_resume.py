@@ -49,6 +49,7 @@ def test_resume_becomes_the_saved_overrides_the_extras_and_the_run_directory(tmp
                                               r"own directory, from its last checkpoint; leave hydra.run.dir=/tmp/x"),
     ("interrupted", ["ckpt_path=last"], r"leave ckpt_path=last out"),
     ("completed", [], r"that run completed its 14 steps; to train it further add trainer.max_steps=<more than 14>"),
+    ("completed", ["trainer.max_steps=14"], r"that run completed its 14 steps"),
 ])
 def test_resume_refusals_name_the_directory_and_the_fix(tmp_path, setup, extra, message):
     run = tmp_path / "run"

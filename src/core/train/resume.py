@@ -77,7 +77,9 @@ def resume_args(run_dir: Path, extras: list[str]) -> list[str]:
             raise ValueError(f"{value} with {arg}: resume= continues that one run, in its own directory, from its "
                              f"last checkpoint; leave {arg} out")
     status, steps = run_status(run_dir)
-    if status == "completed" and "trainer.max_steps" not in {override_key(a) for a in extras}:
+    asked = [a.split("=", 1)[1] for a in extras if override_key(a) == "trainer.max_steps" and "=" in a]
+    longer = bool(asked) and asked[-1].isdigit() and int(asked[-1]) > (steps or 0)
+    if status == "completed" and not longer:
         raise ValueError(f"{value}: that run completed its {steps} steps; to train it further add "
                          f"trainer.max_steps=<more than {steps}>")
     given = {override_key(a) for a in extras}
