@@ -9,6 +9,8 @@
   (same host) is stale and taken over.
 - Temporary files a killed process left (`checkpoints/.<name>.tmp-<pid>`, `*.json.tmp`) are removed at the next
   start in that directory.
+- A single run's start refused before training (job.py's ConfigError) leaves nothing: the directory made for it
+  is removed (`withdraw`), and one that existed (a resumed run's) gets back its `.hydra/` and `train.log`.
 
 Light (Hydra, OmegaConf and filelock only): all of it runs before the heavy imports.
 """
