@@ -177,7 +177,25 @@ def train(start_time: float | None = None) -> None:
     global START
     START = start_time or START
     refuse_bad_overrides("train")
+    continue_run()
     _train()
+
+
+def continue_run() -> None:
+    """`resume=<run dir>`, or the same command re-run after an interrupt: the command line becomes the run's saved
+    overrides with `ckpt_path` and `hydra.run.dir` set to it (core/train/resume.py), before Hydra composes. A
+    data-parallel worker is started with rank 0's command line, which is this one already."""
+    from archsweep.core.train.resume import expand
+
+    if rundir.is_worker_process():
+        return
+    default_root = str(OmegaConf.load(Path(CONF) / "train.yaml").output_root)
+    try:
+        sys.argv[1:], note = expand(sys.argv[1:], default_root)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if note:
+        print(note, flush=True)
 
 
 def generate() -> None:

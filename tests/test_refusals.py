@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import builtins
 import errno
+import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from test_safe_loading import write_checkpoint
 
 from archsweep.core.model import checkpoint
@@ -143,6 +147,12 @@ def test_evaluate_refuses_model_overrides_and_takes_task_overrides_without_plus(
     assert "Traceback" not in out.stderr
 
 
+def torch_bytes(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
 def test_a_full_disk_while_writing_a_checkpoint_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
     path = tmp_path / "checkpoints" / "last.ckpt"
     checkpoint.atomic_save({"step": 1}, path)
@@ -153,9 +163,16 @@ def test_a_full_disk_while_writing_a_checkpoint_names_the_file_and_keeps_the_old
                                                                                                   *args, **kwargs)
 
     monkeypatch.setattr(checkpoint, "open", full_disk, raising=False)
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: SimpleNamespace(free=2**17))  # 128 KiB left
+    state = {"step": 2, "weights": torch.arange(300_000)}  # 2.3 MiB of int64
+    size = len(torch_bytes(state))
     with pytest.raises(OSError, match=rf"cannot write the checkpoint {path}: the disk is full .* the previous "
                                       r"last.ckpt, if any, is intact") as caught:
-        checkpoint.atomic_save({"step": 2, "weights": list(range(100000))}, path)
+        checkpoint.atomic_save(state, path)
     assert caught.value.errno == errno.ENOSPC
+    message = caught.value.strerror  # what train.py prints after `error: `: one line with the folder and the sizes
+    assert "\n" not in message
+    assert (f"last.ckpt needs {size / 2**20:.1f} MiB, {path.parent} has 128.0 KiB free" in message
+            and f"Free {(size - 2**17) / 2**20:.1f} MiB or more there" in message), message
     assert checkpoint.safe_load(path) == {"step": 1}
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]

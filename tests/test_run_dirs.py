@@ -104,7 +104,7 @@ def test_claiming_a_directory_that_holds_a_run(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"status": "completed"}))
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"already holds a run \(checkpoints/last.ckpt\); it is kept.*"
-                                         r"ckpt_path=.*overwrite=true"):
+                                         r"resume=.*overwrite=true"):
         claim_run_dir(run_cfg(), tmp_path, [])
     assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == b"weights"
     assert not (tmp_path / ".lock").exists()  # a refusal releases the lock

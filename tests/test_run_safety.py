@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_run_dirs import dead_pid
 
 pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,6 +201,69 @@ def test_a_signal_stops_with_a_checkpoint_and_resumes_exactly_in_place(tmp_path,
     assert resumed["total_flops"] == results(reference)["total_flops"]  # the running FLOP total survives the resume
 
 
+def interrupt_in_a_new_directory(tmp_path: Path, root: Path, *args: str) -> tuple[Path, str]:
+    """Launch a slowed-down run into a default directory under `root`, SIGTERM it at step 14; its directory and
+    output."""
+    proc = launch(tmp_path, *args, f"output_root={root}", "+callbacks.slow._target_=slowdown.Slow")
+    deadline = time.time() + 120
+    while not list(root.glob("runs/*/train.log")) and time.time() < deadline:
+        assert proc.poll() is None, "the run ended before it made its directory"
+        time.sleep(0.05)
+    [run_dir] = [p.parent for p in root.glob("runs/*/train.log")]
+    signal_when(proc, run_dir / "train.log", "step 14/40", signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == 143 and results(run_dir)["status"] == "interrupted", out[-3000:]
+    return run_dir, out
+
+
+def tree(directory: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def test_resume_continues_an_interrupted_run_in_its_directory_with_the_uninterrupted_losses(tmp_path):
+    reference = tmp_path / "reference"
+    code, out = train(tmp_path, *LONG, f"hydra.run.dir={reference}")
+    assert code == 0, out[-3000:]
+    root = tmp_path / "out"
+    run_dir, out = interrupt_in_a_new_directory(tmp_path, root, *LONG)
+    assert f"python train.py resume={run_dir}" in out  # the interrupted run says how to continue
+    before = tree(run_dir)
+
+    code, out = train(tmp_path, f"resume={run_dir}", "model.d_model=64")  # changes the model: refused
+    assert code == 1 and "Traceback" not in out, out[-3000:]
+    assert "  d_model: 64 -> 32\n" in out and "model.d_model=32 model.n_heads=2 model.n_layers=1" in out, out[-3000:]
+    assert tree(run_dir) == before  # .hydra/, train.log and results.json as they were
+    assert sorted(root.glob("runs/*")) == [run_dir]
+
+    stale = run_dir / "checkpoints" / f".last.ckpt.tmp-{dead_pid()}"  # as a save killed midway leaves it
+    stale.write_bytes(b"partial")
+    code, out = train(tmp_path, f"resume={run_dir}", "threads=1")  # keeps the model: allowed
+    assert code == 0, out[-3000:]
+    assert sorted(root.glob("runs/*")) == [run_dir] and not stale.exists()
+    resumed = results(run_dir)
+    assert resumed["status"] == "completed" and resumed["steps"] == 40
+    assert resumed["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt")
+    assert train_losses(run_dir) == train_losses(reference)  # every step once, the same losses bit for bit
+    assert [r["step"] for r in rows(run_dir)] == [r["step"] for r in rows(reference)]
+    assert resumed["val"] == results(reference)["val"]
+
+
+def test_the_same_command_rerun_continues_the_interrupted_run_then_starts_anew_once_it_completed(tmp_path):
+    root = tmp_path / "out"
+    run_dir, _ = interrupt_in_a_new_directory(tmp_path, root, *LONG)
+    again = [*LONG, f"output_root={root}", "+callbacks.slow._target_=slowdown.Slow"]  # the same command
+    code, out = train(tmp_path, *again)
+    assert code == 0, out[-3000:]
+    assert f"continuing the interrupted run in {run_dir}" in out
+    assert sorted(root.glob("runs/*")) == [run_dir]
+    assert results(run_dir)["status"] == "completed" and results(run_dir)["steps"] == 40
+    steps = [s for s, _ in train_losses(run_dir)]
+    assert steps == sorted(set(steps)) and steps[0] < 14 and steps[-1] == 39  # the whole history, each step once
+    code, out = train(tmp_path, *again)  # the newest run with these overrides completed: a new run
+    assert code == 0, out[-3000:]
+    assert len(list(root.glob("runs/*"))) == 2 and "continuing" not in out
+
+
 def test_an_interrupted_sweep_cell_resumes_with_its_whole_history(tmp_path):
     reference = tmp_path / "reference"
     code, out = train(tmp_path, *LONG, f"hydra.run.dir={reference}")
@@ -257,7 +321,7 @@ def test_a_data_parallel_run_signalled_stops_interrupted_and_resumes(tmp_path):
     res = results(run_dir)
     assert res["status"] == "interrupted" and res["interrupted"]["signal"] == "SIGTERM", out[-3000:]
     assert res["last_checkpoint"] and Path(res["last_checkpoint"]).is_file()
-    code, out = train(tmp_path, *LONG, *ddp, f"hydra.run.dir={run_dir}", f"ckpt_path={run_dir}")
+    code, out = train(tmp_path, f"resume={run_dir}")  # the workers start from the command line resume= became
     assert code == 0, out[-3000:]
     assert results(run_dir)["status"] == "completed" and results(run_dir)["steps"] == 40
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from archsweep.core.model.config import ModelConfig
 
 CKPT_DIR = "checkpoints"
-RESUME_IGNORED = ("ckpt_path", "trainer.max_steps", "schedule.total_steps")  # may differ when resuming
+RESUME_IGNORED = ("ckpt_path", "resume", "trainer.max_steps", "schedule.total_steps")  # may differ when resuming
 
 
 class CheckpointError(ValueError):
@@ -153,12 +153,42 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             raise
         import shutil
 
-        free = shutil.disk_usage(path.parent).free
-        raise OSError(errno.ENOSPC, f"cannot write the checkpoint {path}: the disk is full ({free / 2**20:.1f} MiB "
-                                    f"free in {path.parent}); the previous {path.name}, if any, is intact. Free "
-                                    f"some space, or give output_root= a disk with room, and resume") from None
+        tmp.unlink(missing_ok=True)  # before measuring: the partial file's space is free again
+        free, needed = shutil.disk_usage(path.parent).free, saved_size(obj)
+        short = f"{_size(needed - free)} or more" if needed > free else "some space"
+        raise OSError(errno.ENOSPC, f"cannot write the checkpoint {path}: the disk is full ({path.name} needs "
+                                    f"{_size(needed)}, {path.parent} has {_size(free)} free); the previous "
+                                    f"{path.name}, if any, is intact. Free {short} there, or give output_root= a "
+                                    f"disk with room, and resume") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class _ByteCounter:
+    """A file-like sink that only counts what torch.save writes into it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.count += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def saved_size(obj: Any) -> int:
+    """The bytes torch.save writes for `obj` (serialised into a counter: no memory or disk used for them)."""
+    import torch
+
+    counter = _ByteCounter()
+    torch.save(obj, counter)
+    return counter.count
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def _disk_full(error: BaseException) -> bool:

@@ -202,8 +202,8 @@ def interrupted_results(trainer: L.Trainer, stop: BaseException, info: RunInfo, 
         signum, step, checkpoint = stop.signum, stop.step, stop.checkpoint
     else:  # Lightning's SIGTERM handling (DDP): the newest checkpoint is the last one saved
         signum, step, checkpoint = signal.SIGTERM, trainer.global_step, ckpt_cb.last_model_path or None
-    log.warning(f"interrupted by {signal.Signals(signum).name} at step {step}; resume from {checkpoint} with "
-                f"ckpt_path={info.run_dir} (or re-run the sweep)")
+    how = "re-run the sweep" if info.multirun else f"python train.py resume={info.run_dir} (or the same command again)"
+    log.warning(f"interrupted by {signal.Signals(signum).name} at step {step}; to continue from {checkpoint}: {how}")
     if not trainer.is_global_zero:
         return None
     results = Results(

@@ -34,9 +34,10 @@ from archsweep.core.train.console import job_prefix, quiet_libraries, set_job
 from archsweep.core.train.diagnostics import DiagnosticsConfig
 from archsweep.core.train.loggers import check_logger, finish_wandb
 from archsweep.core.train.results import RESULTS, Results
+from archsweep.core.train.resume import NOT_SAVED, SAVED, saved_overrides
 from archsweep.core.train.rules import AFTER_IMPORTS, check_rules, decay_after_warmup, processes, warmup_within_training
-from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process
-from archsweep.core.train.runinfo import RunInfo, run_info
+from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process, withdraw
+from archsweep.core.train.runinfo import RunInfo, override_key, run_info
 from archsweep.core.train.schemas import check_schemas
 from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.sweep import append_summary, earlier_run
@@ -229,8 +230,9 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
 
 
-def check_resume(setup: Setup) -> None:
-    """Read the checkpoint to resume from (torch) and check that it holds this model; sets setup.resume."""
+def check_resume(setup: Setup, resume: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> None:
+    """Read the checkpoint to resume from (torch) and check that it holds this model; sets setup.resume. `resume`
+    (the run directory train.py's `resume=` named) and this job's `overrides` are for the refusal's wording."""
     if setup.ckpt_path is None:
         return
     try:
@@ -245,10 +247,30 @@ def check_resume(setup: Setup) -> None:
     except ValueError as e:
         raise ConfigError(f"ckpt_path={setup.ckpt_path}: its model config does not load: {e}") from None
     if stored != setup.model_cfg.to_dict():
-        diff = {k: (v, stored.get(k)) for k, v in setup.model_cfg.to_dict().items() if stored.get(k) != v}
-        raise ConfigError(f"ckpt_path={setup.ckpt_path} holds a different model; (now, checkpoint) differ in "
-                          f"{diff}; resume with the overrides the run was started with")
+        raise ConfigError(other_model(setup.ckpt_path, setup.model_cfg.to_dict(), stored, resume, overrides))
     setup.resume, setup.resume_step = meta, int(ckpt.get("global_step", 0))
+
+
+def other_model(ckpt_path: Path, now: dict[str, Any], stored: dict[str, Any], resume: str | None,
+                overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """The refusal of a checkpoint whose model is not this config's: each field that differs as a `key: now ->
+    checkpoint` line, and the overrides its run was started with (its `.hydra/overrides.yaml`) to use instead."""
+    fields = "\n".join(f"  {k}: {v} -> {stored.get(k)}" for k, v in now.items() if stored.get(k) != v)
+    run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == CKPT_DIR else ckpt_path.parent
+    saved = saved_overrides(run_dir)
+    listed = " ".join(saved) if saved else "(no overrides)"
+    if resume is not None:
+        added = [o for o in overrides if o not in (saved or []) and override_key(o) not in NOT_SAVED]
+        return (f"resume={resume}: the overrides added to the run's ({' '.join(added) or 'none'}) change its model "
+                f"(now -> checkpoint):\n{fields}\nresume= takes the run's saved overrides ({listed}) and accepts "
+                f"only overrides that keep its model, e.g. trainer.max_steps=<steps>; leave out the ones that change "
+                f"these fields")
+    head = f"ckpt_path={ckpt_path} holds a different model (now -> checkpoint):\n{fields}\n"
+    if saved is None:
+        return (f"{head}its run directory {run_dir} records no overrides ({run_dir / SAVED} is missing); "
+                f"resume with the overrides that run was started with")
+    return (f"{head}the run was started with: {listed}\nresume it with: python train.py resume={run_dir} (the same "
+            f"overrides, read from {run_dir / SAVED}), or add those overrides to this command")
 
 
 def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
@@ -359,7 +381,7 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
             check_rules(cfg, setup.task, AFTER_IMPORTS)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        check_resume(setup)
+        check_resume(setup, cfg.get("resume"), info.overrides)
         from archsweep.core.train.fit import train
 
         quiet_libraries()  # now that Lightning is imported: its own console handler goes
@@ -370,13 +392,16 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         return math.nan
     except Exception as error:
         finish_wandb(exit_code=1)
+        if isinstance(error, ConfigError) and not info.multirun:  # refused before training: no run directory is
+            withdraw(info.run_dir)  # left (a resumed run's is left as it was)
+            raise SystemExit(f"error: {error}") from None
         results = record_failure(info, error, cfg.seed)
         if info.multirun:
             append_summary(info, results)
             log.error(f"job {info.job_num} ({info.name}) failed: {results['error']} (details: "
                       f"{info.run_dir / 'error.txt'})")
             return math.nan
-        if isinstance(error, ConfigError) or getattr(error, "errno", None) == errno.ENOSPC:  # the disk is full
+        if getattr(error, "errno", None) == errno.ENOSPC:  # the disk is full: one line, not a traceback
             raise SystemExit(f"error: {error.strerror if isinstance(error, OSError) else error}") from None
         raise
     finally:

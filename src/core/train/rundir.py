@@ -9,6 +9,8 @@
   (same host) is stale and taken over.
 - Temporary files a killed process left (`checkpoints/.<name>.tmp-<pid>`, `*.json.tmp`) are removed at the next
   start in that directory.
+- A single run's start refused before training (job.py's ConfigError) leaves nothing: the directory made for it
+  is removed (`withdraw`), and one that existed (a resumed run's) gets back its `.hydra/` and `train.log`.
 
 Light (Hydra, OmegaConf and filelock only): all of it runs before the heavy imports.
 """
@@ -207,8 +209,8 @@ def claim_run_dir(cfg: DictConfig, run_dir: Path, overrides: list[str], what: st
         if held and not resumes_inside(cfg, run_dir, overrides):
             if not cfg.get("overwrite", False):
                 raise ValueError(f"hydra.run.dir={run_dir} already holds a run ({held}); it is kept. Choose another "
-                                 f"directory (or leave hydra.run.dir unset: every run gets its own), resume it with "
-                                 f"ckpt_path={run_dir} and the same overrides, or replace it with overwrite=true")
+                                 f"directory (or leave hydra.run.dir unset: every run gets its own), continue it with "
+                                 f"resume={run_dir}, or replace it with overwrite=true")
             log.warning(f"overwrite=true: removing the run in {run_dir} ({held})")
             for name in RUN_OUTPUTS:
                 path = run_dir / name
@@ -221,6 +223,64 @@ def claim_run_dir(cfg: DictConfig, run_dir: Path, overrides: list[str], what: st
         lock.release()
         raise
     return lock
+
+
+class Before:
+    """What a run directory held before this process claimed it, so that a start refused before training can be
+    undone (`withdraw`): whether it existed (and the topmost folder made for it), Hydra's `.hydra/` files, and
+    the length of `train.log`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.existed = run_dir.exists()
+        self.top = run_dir
+        while not self.top.parent.exists() and self.top.parent != self.top:
+            self.top = self.top.parent
+        hydra_dir = run_dir / ".hydra"
+        self.hydra = {p.name: p.read_bytes() for p in hydra_dir.iterdir() if p.is_file()} if hydra_dir.is_dir() else {}
+        log_file = run_dir / "train.log"
+        self.log_size = log_file.stat().st_size if log_file.is_file() else None
+        self.lock: DirectoryLock | None = None
+
+    def restore(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+        if not self.existed:  # made for this start: removed, with the empty folders made for it
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            folder = self.run_dir.parent
+            while folder != self.top.parent and self.top in (folder, *folder.parents):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+                folder = folder.parent
+            return
+        hydra_dir = self.run_dir / ".hydra"
+        for path in (p for p in hydra_dir.glob("*") if p.is_file() and p.name not in self.hydra):
+            path.unlink()
+        for name, content in self.hydra.items():
+            (hydra_dir / name).write_bytes(content)
+        if not self.hydra and hydra_dir.is_dir() and not any(hydra_dir.iterdir()):
+            hydra_dir.rmdir()
+        log_file = self.run_dir / "train.log"
+        if self.log_size is None:
+            log_file.unlink(missing_ok=True)
+        elif log_file.is_file():
+            os.truncate(log_file, self.log_size)
+
+
+STARTS: dict[Path, Before] = {}  # run directories this process claimed, as they were before
+
+
+def withdraw(run_dir: Path) -> None:
+    """Undo this process's start in `run_dir` (refused before training): a directory made for it is removed, one
+    that existed (a resumed run's) gets back its `.hydra/` files and `train.log` as they were. Nothing happens to
+    a directory this process did not claim (a DDP worker's, a sweep job's)."""
+    before = STARTS.pop(Path(run_dir).resolve(), None)
+    if before is not None:
+        if before.existed:  # a directory made for the start goes silently: the refusal stays one line
+            log.info(f"{run_dir} is left as it was")
+        before.restore()
 
 
 class RunDirectory(Callback):
@@ -237,10 +297,15 @@ class RunDirectory(Callback):
         if is_worker_process() or config.get("trace_shapes"):
             return
         run_dir = Path(str(config.hydra.run.dir))
+        before = Before(run_dir)
         try:
             self.lock = claim_run_dir(config, run_dir, list(config.hydra.overrides.task))
         except (ValueError, DirectoryInUse) as e:
+            if not before.existed:
+                before.restore()  # e.g. the directory was made but cannot be written
             raise SystemExit(f"error: {e}") from None
+        before.lock = self.lock
+        STARTS[run_dir.resolve()] = before
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.lock is not None:

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 # keys that say where or how a run is logged or executed, not what is trained: left out of run names, of the
 # settings a sweep re-run compares, and of compare.py's cells
-SETTINGS = ("ckpt_path", "output_root", "overwrite", "logger", "hydra", "threads", "trace_shapes", "data_dir")
+SETTINGS = ("ckpt_path", "resume", "output_root", "overwrite", "logger", "hydra", "threads", "trace_shapes",
+            "data_dir")
 
 
 def override_key(override: str) -> str:
