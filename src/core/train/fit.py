@@ -280,7 +280,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
-                                            cfg.eval.show_examples, cfg.seed))
+                                            cfg.eval.show_examples, cfg.seed, cfg.eval.decode_max_new_tokens,
+                                            cfg.eval.decode_time_s))
     callbacks += diagnostic_callbacks(setup.diagnostics, setup.task, kind, text, cfg.seed, info.run_dir,
                                       compiled=cfg.compile)
     if form_of(kind) == IMAGE:  # top-5 accuracy, confusion matrix, attention over the patches
