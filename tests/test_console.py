@@ -16,7 +16,7 @@ import pytest
 
 from archsweep.core.eval.metrics import bits_per_unit, with_bits
 from archsweep.core.train.console import ConsoleFormatter, DropNoise, job_prefix, set_job
-from archsweep.core.train.summary import family, metric_parts
+from archsweep.core.train.summary import family, metric_parts, with_lm_bits
 from archsweep.core.train.sweep import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +84,15 @@ def test_language_model_summary_shows_loss_perplexity_and_bits_per_unit_and_no_e
     subword = ", ".join(metric_parts("lm", {"loss": 3.0, "bits_per_byte": 1.1}, {"loss": 3.1, "bits_per_byte": 1.2}))
     assert "test bits per byte 1.200" in subword and "val bits per byte 1.100" in subword
     assert "exact" not in line + subword and "character" not in subword
+
+
+def test_a_masked_language_model_gets_no_bits_per_unit_since_its_loss_covers_the_masked_tokens_only():
+    from archsweep.core.data.tasks.text import TextTask
+
+    splits = {"val": {"loss": 2.0, "ppl": 7.389}, "test": {"loss": 2.1, "ppl": 8.166}}
+    assert with_lm_bits(TextTask.__new__(TextTask), "encoder_only", splits) == splits
+    line = ", ".join(metric_parts("lm", splits["val"], splits["test"]))
+    assert line == "test loss 2.1000, test perplexity 8.166, val loss 2.0000, val perplexity 7.389"
 
 
 def test_bits_per_unit_divide_bits_per_token_by_the_text_per_token():

@@ -238,7 +238,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         summary, lengths, results = evaluate_split(loaded, task, split, decoding, cfg.decode_limit, cfg.seed,
                                                    device)
         if language_model:  # windows of running text: no sources to bucket, no whole sequence to match
-            report["splits"][split] = lm_summary(task, split, summary)
+            report["splits"][split] = lm_summary(task, loaded.kind, split, summary)
         else:
             report["splits"][split] = summary
             report["by_length"] += length_table(split, lengths, cfg.buckets)
@@ -282,9 +282,11 @@ def setting_name(decoding: dict[str, Any], decode_limit: int | None) -> str:
     return "-".join(parts)
 
 
-def lm_summary(task: TextTask, split: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """A language model's split metrics: loss, perplexity, next-token accuracy and bits per character or byte."""
-    return with_bits(task, {k: summary[k] for k in ("n", "loss", "ppl", "acc")}, split)
+def lm_summary(task: TextTask, kind: str, split: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """A language model's split metrics: loss, perplexity, token accuracy and bits per character or byte (not for
+    a masked language model, whose loss covers only the masked tokens)."""
+    metrics = {k: summary[k] for k in ("n", "loss", "ppl", "acc")}
+    return metrics if form_of(kind) == BIDIRECTIONAL else with_bits(task, metrics, split)
 
 
 def print_lm_table(splits: dict[str, dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from archsweep.core.eval.metrics import BITS_KEYS, with_bits
+from archsweep.variants.model import BIDIRECTIONAL, form_of
 
 
 def family(task: Any) -> str:
@@ -35,12 +36,10 @@ def validation_keys(task: Any) -> tuple[str, ...]:
                                                                                        "exact_match"))
 
 
-def bits_of(metrics: dict[str, Any]) -> tuple[str, float | None]:
-    """(label, value) of a language model's bits per unit of text in a split's metrics."""
-    for unit, key in BITS_KEYS.items():
-        if key in metrics:
-            return f"bits per {unit}", metrics[key]
-    return "bits per character", None
+def bits_parts(split: str, metrics: dict[str, Any]) -> list[str]:
+    """A language model's bits per unit of text in a split's metrics, as the summary shows it (none for a masked
+    language model, whose loss covers only the masked tokens)."""
+    return [f"{split} bits per {unit} {metrics[key]:.3f}" for unit, key in BITS_KEYS.items() if key in metrics]
 
 
 def metric_parts(kind: str, val: dict[str, float], test: dict[str, float]) -> list[str]:
@@ -51,9 +50,8 @@ def metric_parts(kind: str, val: dict[str, float], test: dict[str, float]) -> li
     if kind == "lm":
         parts = []
         for split, metrics in (("test", test), ("val", val)):
-            label, bits = bits_of(metrics)
-            parts += [f"{split} loss {f(metrics.get('loss'), '.4f')}", f"{split} perplexity "
-                      f"{f(metrics.get('ppl'), '.3f')}", f"{split} {label} {f(bits, '.3f')}"]
+            parts += [f"{split} loss {f(metrics.get('loss'), '.4f')}",
+                      f"{split} perplexity {f(metrics.get('ppl'), '.3f')}", *bits_parts(split, metrics)]
         return parts
     if kind == "translation":
         return [f"val BLEU {f(val.get('bleu'), '.2f')} (decoded)", f"test perplexity {f(test.get('ppl'), '.3f')}",
@@ -70,9 +68,10 @@ def metric_parts(kind: str, val: dict[str, float], test: dict[str, float]) -> li
                     f"test token accuracy {f(test.get('acc'), '.4f')}"]
 
 
-def with_lm_bits(task: Any, splits: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """A language model's split metrics with its bits per character or byte added (other tasks: unchanged)."""
-    if family(task) != "lm":
+def with_lm_bits(task: Any, kind: str, splits: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """A language model's split metrics with its bits per character or byte added (other tasks, and a masked
+    language model, whose loss covers only the masked tokens: unchanged)."""
+    if family(task) != "lm" or form_of(kind) == BIDIRECTIONAL:
         return splits
     return {split: with_bits(task, metrics, split) for split, metrics in splits.items()}
 
