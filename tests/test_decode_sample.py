@@ -42,6 +42,18 @@ class Recorder:
         self.logged[key] = value
 
 
+VALIDATING = SimpleNamespace(sanity_checking=False, state=SimpleNamespace(fn="validate"), loggers=[], global_step=0,
+                             is_global_zero=True)
+
+
+def validate(callback, module, caplog) -> str:
+    """What one validation's decoding prints."""
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        callback.on_validation_epoch_end(VALIDATING, module)
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
 def test_training_and_evaluate_decode_the_same_examples_with_the_same_results(caplog):
     task = ReverseTask(n_symbols=8, min_len=2, max_len=9, batch_size=8, val_batches=5, test_batches=1,
                        eval_seed=3)
@@ -51,13 +63,10 @@ def test_training_and_evaluate_decode_the_same_examples_with_the_same_results(ca
     state = codec_state_for(task)
     codec = codec_from_state(state)
     decoding = DecodingConfig(max_new_tokens=12)
-    callback = DecodeOnValidation(task, "encoder_decoder", codec, decoding, samples=12, show=100, seed=0)
+    callback = DecodeOnValidation(task, "encoder_decoder", codec, decoding, samples=12, show=100, seed=0,
+                                  max_new_tokens=12)  # evaluate.py's bound: decoding.max_new_tokens
     module = Recorder(model)
-    trainer = SimpleNamespace(sanity_checking=False, state=SimpleNamespace(fn="validate"), loggers=[],
-                              global_step=0, is_global_zero=True)
-    with caplog.at_level("INFO"):
-        callback.on_validation_epoch_end(trainer, module)
-    printed = "\n".join(r.getMessage() for r in caplog.records)
+    printed = validate(callback, module, caplog)
     refs = [line.split("ref: ", 1)[1] for line in printed.splitlines() if " ref: " in line]
     outs = [line.split("out: ", 1)[1] for line in printed.splitlines() if " out: " in line]
 
@@ -69,3 +78,59 @@ def test_training_and_evaluate_decode_the_same_examples_with_the_same_results(ca
     assert module.logged["val/decoded_exact_match"] == summary["exact_match"] == results.exact_match()
     assert module.logged["val/bleu"] == results.bleu()
     assert len({len(r.split()) for r in refs}) >= 4  # drawn across lengths (2 to 9 symbols)
+
+
+def tiny_setup():
+    task = ReverseTask(n_symbols=8, min_len=2, max_len=9, batch_size=8, val_batches=5, test_batches=1,
+                       eval_seed=3)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind="encoder_decoder", vocab_size=task.vocab_size, d_model=16, n_heads=2,
+                                    n_layers=1, d_ff=32, dropout=0.0)).eval()
+    return task, model, codec_from_state(codec_state_for(task))
+
+
+class FakeClock:
+    """Each reading is `step` seconds after the previous one."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def outputs(printed: str) -> list[str]:
+    return [line.split("out: ", 1)[1] for line in printed.splitlines() if " out: " in line]
+
+
+def test_validation_decodes_no_further_than_the_longest_reference_by_default_and_says_its_bound(caplog):
+    task, model, codec = tiny_setup()
+    wide = DecodingConfig(max_new_tokens=64)  # an untrained model runs to the limit: 64 tokens before the bound
+    callback = DecodeOnValidation(task, "encoder_decoder", codec, wide, samples=12, show=100, seed=0)
+    printed = validate(callback, Recorder(model), caplog)
+    longest = 9 + 1  # max_len symbols and the end token
+    assert f"decoded 12 validation examples (greedy, at most {longest + 1} new tokens)" in printed
+    assert outputs(printed) and max(len(o.split()) for o in outputs(printed)) <= longest + 1
+    fixed = DecodeOnValidation(task, "encoder_decoder", codec, wide, samples=12, show=100, seed=0, max_new_tokens=3)
+    printed = validate(fixed, Recorder(model), caplog)
+    assert "(greedy, at most 3 new tokens)" in printed
+    assert max(len(o.split()) for o in outputs(printed)) <= 3
+
+
+def test_a_time_bound_skips_the_rest_of_the_sample_and_says_so(caplog):
+    task, model, codec = tiny_setup()
+    decoding = DecodingConfig(max_new_tokens=12)
+    callback = DecodeOnValidation(task, "encoder_decoder", codec, decoding, samples=12, show=100, seed=0,
+                                  time_s=10, clock=FakeClock(6.0))  # read at 6 (start), 12, 18: two batches
+    module = Recorder(model)
+    printed = validate(callback, module, caplog)
+    done = sum(len(r) for r in [r for r in callback.rows if r][:2])
+    assert 0 < done < 12
+    assert f"decoded {done} of 12 validation examples (greedy, at most" in printed
+    assert "time bound eval.decode_time_s=10 reached" in printed
+    assert len(outputs(printed)) == done
+    unbounded = DecodeOnValidation(task, "encoder_decoder", codec, decoding, samples=12, show=100, seed=0,
+                                   time_s=10, clock=FakeClock(0.1))
+    printed = validate(unbounded, Recorder(model), caplog)
+    assert "decoded 12 validation examples" in printed and "time bound" not in printed

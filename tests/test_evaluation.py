@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from archsweep.core.data.tasks.batches import decoder_only_batch, encoder_decoder_batch
-from archsweep.core.eval.evaluation import DecodeResults, decode_batch, prompts_and_references, strip
+from archsweep.core.eval.evaluation import (
+    DecodeResults,
+    decode_batch,
+    longest_reference,
+    prompts_and_references,
+    strip,
+)
 from archsweep.core.eval.generation import DecodingConfig
 from archsweep.core.model.build import ModelConfig, build_model
 
@@ -78,3 +84,19 @@ def test_untrained_model_scores_low_and_results_accumulate():
                      to_text=lambda ids, side: " ".join(map(str, ids)), results=results, limit=1)
     assert results.total == 2 and len(results.examples) == 1
     assert 0.0 <= results.exact_match() <= 1.0 and results.bleu() < 100.0
+
+
+def test_a_bound_of_the_longest_reference_plus_one_decides_exact_match_and_a_shorter_one_cuts_outputs():
+    src = torch.tensor([[5, 6, 7, 8, 9], [8, 9, 4, 5, PAD]])
+    tgt = torch.tensor([[9, 8, 7, 6, 5, EOS], [5, 4, 9, 8, EOS, PAD]])
+    batch = decoder_only_batch(src, torch.tensor([5, 4]), tgt, torch.tensor([6, 5]), PAD, SEP)
+    assert longest_reference(batch) == 6 and longest_reference(batch, rows=[1]) == 5
+    words = lambda ids, side: " ".join(f"w{i}" for i in ids)  # noqa: E731
+    cfg = DecodingConfig(max_new_tokens=64, use_cache=False)
+    enough, cut = DecodeResults(), DecodeResults()
+    decode_batch(Oracle(), batch, "decoder_only", cfg, pad_id=PAD, bos_id=BOS, eos_id=EOS, to_text=words,
+                 results=enough, max_new_tokens=longest_reference(batch) + 1)
+    decode_batch(Oracle(), batch, "decoder_only", cfg, pad_id=PAD, bos_id=BOS, eos_id=EOS, to_text=words,
+                 results=cut, max_new_tokens=2)
+    assert enough.exact_match() == 1.0
+    assert cut.exact_match() == 0.0 and cut.hypotheses == ["w9 w8", "w5 w4"]  # 2 tokens, not decoding's 64

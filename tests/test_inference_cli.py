@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -128,7 +129,7 @@ def test_validation_decodes_and_logs_examples_to_wandb(tmp_path):
     out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "decoded 8 validation examples (greedy)" in out.stdout + out.stderr
+    assert "decoded 8 validation examples (greedy, at most" in out.stdout + out.stderr
     result = json.loads((tmp_path / "results.json").read_text())
     assert {"decoded_exact_match", "bleu"} <= set(result["val"])
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
@@ -140,3 +141,28 @@ def test_validation_decodes_and_logs_examples_to_wandb(tmp_path):
     table = json.loads((run_file.parent / "files" / row["val/examples/path"]).read_text())
     assert table["columns"] == ["source", "reference", "prediction"] and len(table["data"]) == 2
     assert all(src.split() == ref.split()[::-1] for src, ref, _ in table["data"])  # reverse task's references
+
+
+@pytest.mark.slow
+def test_a_language_model_shows_loss_perplexity_and_bits_per_character_and_no_exact_match(tmp_path):
+    """train.py's last line, the sweep-end table and evaluate.py on a character-level language model."""
+    sweep = tmp_path / "sweep"
+    out = run("train.py", "-m", "task=shakespeare_char", "model=decoder_only", "model.d_model=32", "model.n_heads=2",
+              "model.n_layers=1", "model.d_ff=64", "task.block_size=32", "task.batch_size=8", "task.val_batches=1",
+              "task.test_batches=1", "trainer.max_steps=2", "logger=none", "seed=0", f"hydra.sweep.dir={sweep}",
+              f"output_root={tmp_path}")
+    console = out.stdout + out.stderr
+    result = json.loads((sweep / "0" / "results.json").read_text())
+    for split in ("val", "test"):  # one character per token: bits per character = loss in bits
+        assert result[split]["bits_per_char"] == pytest.approx(result[split]["loss"] / math.log(2))
+    (done,) = [line for line in console.splitlines() if "done in" in line]
+    assert f"test bits per character {result['test']['bits_per_char']:.3f}" in done
+    assert f"test loss {result['test']['loss']:.4f}" in done and "exact" not in done
+    (header,) = [line for line in console.splitlines() if "status" in line and "val loss" in line]
+    assert "val bits/char" in header and "test ppl" in header and "exact" not in header
+
+    out = run("evaluate.py", f"ckpt={sweep / '0'}", f"output={tmp_path / 'eval.json'}")
+    assert "bits/char" in out.stdout and "source length" not in out.stdout and "exact" not in out.stdout
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["by_length"] == [] and "exact_match" not in report["splits"]["test"]
+    assert report["splits"]["test"]["bits_per_char"] == pytest.approx(result["test"]["bits_per_char"], rel=1e-4)

@@ -244,6 +244,8 @@ def test_a_key_the_schema_lacks_in_an_option_yaml_is_refused(tmp_path):
     ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers in \[0, 1\)"),
     ("decoding.top_p=0", r"decoding.top_p=0.0 must be in \(0, 1\]"),
     ("eval.decode_samples=-1", r"eval.decode_samples=-1 must be a number of examples >= 0"),
+    ("eval.decode_max_new_tokens=0", r"eval.decode_max_new_tokens=0 must be a positive number of tokens, or null"),
+    ("eval.decode_time_s=0", r"eval.decode_time_s=0.0 must be a positive number of seconds, or null"),
 ])
 def test_a_value_out_of_range_is_refused_by_its_schema_naming_the_field(override, message):
     cfg = compose_train(override)

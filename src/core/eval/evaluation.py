@@ -8,6 +8,7 @@ reference. Plain PyTorch and torchmetrics; no Lightning.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -101,12 +102,20 @@ def decode_sample(batches: Iterable[dict[str, Any]], size: int | None) -> list[l
     return rows
 
 
+def longest_reference(batch: dict[str, Any], rows: list[int] | None = None) -> int:
+    """Tokens in the longest reference (its end token included) among `rows` of a batch (default: all)."""
+    labelled = (batch["labels"] if rows is None else batch["labels"][rows]) != IGNORE_INDEX
+    return int(labelled.sum(1).max()) if labelled.shape[0] else 0
+
+
 @torch.no_grad()
 def decode_batch(model: nn.Module, batch: dict[str, Any], kind: str, cfg: DecodingConfig, *, pad_id: int,
                  bos_id: int, eos_id: int, to_text: Callable[[list[int], str], str], results: DecodeResults,
-                 limit: int | None = None, rows: list[int] | None = None) -> list[bool]:
+                 limit: int | None = None, rows: list[int] | None = None,
+                 max_new_tokens: int | None = None) -> list[bool]:
     """Decode the rows `rows` of one batch (default: all, or the first `limit`) and add their examples to
-    `results`; returns each decoded row's exact match, in the order of `rows`."""
+    `results`; returns each decoded row's exact match, in the order of `rows`. Each row decodes `max_new_tokens`
+    tokens at most; None: `cfg.max_new_tokens`, raised to the longest reference + 1 so every reference fits."""
     inputs, mask, references = prompts_and_references(batch, kind)
     if rows is not None:
         inputs, mask, references = inputs[rows], mask[rows], [references[i] for i in rows]
@@ -114,8 +123,9 @@ def decode_batch(model: nn.Module, batch: dict[str, Any], kind: str, cfg: Decodi
         inputs, mask, references = inputs[:limit], mask[:limit], references[:limit]
     if not references:
         return []
-    longest = max(len(r) for r in references)
-    cfg = DecodingConfig(**{**cfg.__dict__, "max_new_tokens": max(cfg.max_new_tokens, longest + 1)})
+    if max_new_tokens is None:
+        max_new_tokens = max(cfg.max_new_tokens, max(len(r) for r in references) + 1)
+    cfg = dataclasses.replace(cfg, max_new_tokens=max_new_tokens)
     out = generate(model, inputs, mask, cfg, eos_id=eos_id, pad_id=pad_id, bos_id=bos_id)
     exact = []
     for row in range(inputs.shape[0]):

@@ -1,6 +1,7 @@
 """What generate.py and evaluate.py do with a train.py checkpoint: rebuild the model and the task's codec from the
 checkpoint alone, decode prompts, and evaluate test splits with teacher-forced and decoded metrics, overall and
-by source-length bucket (which is where length generalisation shows)."""
+by source-length bucket (which is where length generalisation shows). A language model (a text task) has no
+sources and no whole sequences: its print-out is loss, perplexity and bits per character or byte per split."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from torch import nn
 from archsweep.core.data.codec import Codec, codec_from_state, codec_state_for
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.data.tasks.known import check_task_target
+from archsweep.core.data.tasks.text import TextTask
 from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, decode_sample, strip
 from archsweep.core.eval.generation import DecodingConfig, generate
-from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
+from archsweep.core.eval.metrics import BITS_KEYS, LengthTable, SplitMetrics, length_buckets, row_stats, with_bits
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
 from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, IMAGE, SOURCE_TARGET, form_of
 
@@ -229,18 +231,26 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
                               "decoding": OmegaConf.to_container(cfg.decoding), "splits": {}, "by_length": []}
     setting = setting_name(OmegaConf.to_container(cfg.decoding, resolve=True), cfg.decode_limit)
     report["setting"] = setting
+    language_model = isinstance(task, TextTask)
     for split in splits:
         start = time.time()
         print(f"evaluating {split} ...", flush=True)
         summary, lengths, results = evaluate_split(loaded, task, split, decoding, cfg.decode_limit, cfg.seed,
                                                    device)
-        report["splits"][split] = summary
-        report["by_length"] += length_table(split, lengths, cfg.buckets)
+        if language_model:  # windows of running text: no sources to bucket, no whole sequence to match
+            report["splits"][split] = lm_summary(task, loaded.kind, split, summary)
+        else:
+            report["splits"][split] = summary
+            report["by_length"] += length_table(split, lengths, cfg.buckets)
         for source, reference, prediction in (results.examples if results else []):
             print(f"  src: {source}\n  ref: {reference}\n  out: {prediction}")
-        print(f"  {summary['n']} examples in {time.time() - start:.1f}s", flush=True)
-    print_split_table(report["splits"], decoding.strategy)
-    print_length_table(report["by_length"], report["splits"])
+        print(f"  {summary['n']} windows in {time.time() - start:.1f}s" if language_model else
+              f"  {summary['n']} examples in {time.time() - start:.1f}s", flush=True)
+    if language_model:
+        print_lm_table(report["splits"])
+    else:
+        print_split_table(report["splits"], decoding.strategy)
+        print_length_table(report["by_length"], report["splits"])
     if cfg.eval.context_lengths is not None:
         from archsweep.core.eval.context import evaluate_contexts
 
@@ -270,6 +280,24 @@ def setting_name(decoding: dict[str, Any], decode_limit: int | None) -> str:
     if decode_limit is not None:
         parts.append(f"limit{decode_limit}")
     return "-".join(parts)
+
+
+def lm_summary(task: TextTask, kind: str, split: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """A language model's split metrics: loss, perplexity, token accuracy and bits per character or byte (not for
+    a masked language model, whose loss covers only the masked tokens)."""
+    metrics = {k: summary[k] for k in ("n", "loss", "ppl", "acc")}
+    return metrics if form_of(kind) == BIDIRECTIONAL else with_bits(task, metrics, split)
+
+
+def print_lm_table(splits: dict[str, dict[str, Any]]) -> None:
+    """One row per split of a language model: windows, loss (nats per token), perplexity, next-token accuracy and
+    bits per character or byte."""
+    units = [(unit, key) for unit, key in BITS_KEYS.items() if any(key in s for s in splits.values())]
+    head = "".join(f"{'bits/' + ('char' if unit == 'character' else unit):>11}" for unit, _ in units)
+    print(f"\n{'split':<12}{'windows':>8}{'loss':>9}{'ppl':>10}{'acc':>7}{head}")
+    for split, s in splits.items():
+        bits = "".join(f"{s[key]:>11.3f}" if key in s else f"{'-':>11}" for _, key in units)
+        print(f"{split:<12}{s['n']:>8}{s['loss']:>9.4f}{s['ppl']:>10.3f}{s['acc']:>7.3f}{bits}")
 
 
 def print_split_table(splits: dict[str, dict[str, Any]], strategy: str) -> None:

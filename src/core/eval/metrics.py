@@ -13,7 +13,9 @@ once to per-row statistics (`row_stats`), which every metric reads:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -190,3 +192,30 @@ def length_buckets(counts: dict[str, Tensor], buckets: int) -> list[tuple[int, i
             out.append((start, last, summary(int(sums["rows"]), int(sums["exact"]), int(sums["hits"]),
                                              int(sums["tokens"]), float(sums["nll"]))))
     return out
+
+
+BITS_KEYS = {"character": "bits_per_char", "byte": "bits_per_byte"}  # a text task's unit -> its results key
+
+
+def units_per_token(task: Any, split: str = "test", limit: int = 100_000) -> float | None:
+    """Units of text (`task.unit`: characters, or UTF-8 bytes) per token over the first `limit` tokens of `split`
+    (None without a running text)."""
+    stream = task.token_stream(split)
+    if stream is None or len(stream) == 0:
+        return None
+    ids = [int(i) for i in stream[:limit]]
+    text = task.decode(ids)
+    return (len(text) if task.unit == "character" else len(text.encode("utf-8"))) / len(ids)
+
+
+def bits_per_unit(loss: float, units: float | None) -> float | None:
+    """Bits per character or byte from a loss in nats per token and the units per token."""
+    if units is None or units <= 0 or not math.isfinite(loss):
+        return None
+    return loss / math.log(2) / units
+
+
+def with_bits(task: Any, metrics: dict[str, float], split: str) -> dict[str, float]:
+    """A language model's split metrics with bits per unit of text added (`bits_per_char` or `bits_per_byte`)."""
+    bits = bits_per_unit(metrics.get("loss", math.nan), units_per_token(task, split))
+    return metrics if bits is None else {**metrics, BITS_KEYS[task.unit]: bits}

@@ -44,7 +44,7 @@ from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup
-from archsweep.core.train.summary import family, summary_line, validation_keys
+from archsweep.core.train.summary import family, summary_line, validation_keys, with_lm_bits
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -280,7 +280,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
-                                            cfg.eval.show_examples, cfg.seed))
+                                            cfg.eval.show_examples, cfg.seed, cfg.eval.decode_max_new_tokens,
+                                            cfg.eval.decode_time_s))
     callbacks += diagnostic_callbacks(setup.diagnostics, setup.task, kind, text, cfg.seed, info.run_dir,
                                       compiled=cfg.compile)
     if form_of(kind) == IMAGE:  # top-5 accuracy, confusion matrix, attention over the patches
@@ -328,7 +329,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
             overrides=info.overrides, seed=cfg.seed, params=n_params, task_family=family(setup.task),
             steps=trainer.global_step, train=train,
-            splits={"val": metrics_of("val", val), **{s: metrics_of(s, test) for s in setup.task.test_splits}},
+            splits=with_lm_bits(setup.task, kind, {"val": metrics_of("val", val),
+                                                   **{s: metrics_of(s, test) for s in setup.task.test_splits}}),
             by_length=lit.by_length, by_context=by_context, best_checkpoint=best,
             last_checkpoint=str(info.run_dir / CKPT_DIR / "last.ckpt"),
             resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id,

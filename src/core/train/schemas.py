@@ -233,6 +233,8 @@ class EvalSchema:
     """train.yaml's `eval:` block."""
 
     decode_samples: int = MISSING
+    decode_max_new_tokens: int | None = MISSING
+    decode_time_s: float | None = MISSING
     show_examples: int = MISSING
     context_lengths: list[int] | None = MISSING
     stride: int | None = MISSING
@@ -242,6 +244,12 @@ class EvalSchema:
         for name in ("decode_samples", "show_examples"):
             if getattr(self, name) < 0:
                 refuse(f"eval.{name}", getattr(self, name), "must be a number of examples >= 0 (0: none)")
+        if self.decode_max_new_tokens is not None and self.decode_max_new_tokens < 1:
+            refuse("eval.decode_max_new_tokens", self.decode_max_new_tokens, "must be a positive number of tokens, "
+                   "or null: the longest reference of the batch + 1 (enough to decide exact match)")
+        if self.decode_time_s is not None and not self.decode_time_s > 0:
+            refuse("eval.decode_time_s", self.decode_time_s, "must be a positive number of seconds, or null: no "
+                   "time bound")
         if self.context_lengths is not None:
             check_lengths(self.context_lengths, self.stride)  # evaluate.py's rule too
         if self.context_tokens is not None and self.context_tokens < 1:

@@ -1,15 +1,18 @@
 """train.py's last line: the metrics that fit the task, named so that no two read alike.
 
-Language models: perplexity and bits per character (bits per token divided by the test text's characters per
-token). Translation: BLEU from real decoding, and perplexity. Synthetic sequence tasks: exact match (decoded, when
-validation decodes; and teacher-forced, where each position sees the true prefix) and token accuracy.
-Classification (digits, images, is_sorted): accuracy.
+Language models: loss, perplexity and bits per character (a character-level task) or per UTF-8 byte (a subword
+one): bits per token divided by the text's characters or bytes per token; no exact match, which says nothing of a
+language model. Translation: BLEU from real decoding, and perplexity. Synthetic sequence tasks: exact match
+(decoded, when validation decodes; and teacher-forced, where each position sees the true prefix) and token
+accuracy. Classification (digits, images, is_sorted): accuracy.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from archsweep.core.eval.metrics import BITS_KEYS, with_bits
+from archsweep.variants.model import BIDIRECTIONAL, form_of
 
 
 def family(task: Any) -> str:
@@ -33,30 +36,23 @@ def validation_keys(task: Any) -> tuple[str, ...]:
                                                                                        "exact_match"))
 
 
-def chars_per_token(task: Any, split: str = "test", limit: int = 100_000) -> float | None:
-    """Characters per token of the first `limit` tokens of `split` (None without a running text)."""
-    stream = task.token_stream(split)
-    if stream is None or len(stream) == 0:
-        return None
-    ids = [int(i) for i in stream[:limit]]
-    return len(task.decode(ids)) / len(ids)
+def bits_parts(split: str, metrics: dict[str, Any]) -> list[str]:
+    """A language model's bits per unit of text in a split's metrics, as the summary shows it (none for a masked
+    language model, whose loss covers only the masked tokens)."""
+    return [f"{split} bits per {unit} {metrics[key]:.3f}" for unit, key in BITS_KEYS.items() if key in metrics]
 
 
-def bits_per_char(loss: float, chars: float | None) -> float | None:
-    if chars is None or chars <= 0 or not math.isfinite(loss):
-        return None
-    return loss / math.log(2) / chars
-
-
-def metric_parts(kind: str, val: dict[str, float], test: dict[str, float], chars: float | None) -> list[str]:
+def metric_parts(kind: str, val: dict[str, float], test: dict[str, float]) -> list[str]:
     """The summary's metrics of a task `kind` (see `family`), from results.json's `val` and `test`."""
     def f(x: Any, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
 
     if kind == "lm":
-        bpc = bits_per_char(test.get("loss", math.nan), chars)
-        return [f"test perplexity {f(test.get('ppl'), '.3f')}", f"bits per character {f(bpc, '.3f')}",
-                f"val perplexity {f(val.get('ppl'), '.3f')}"]
+        parts = []
+        for split, metrics in (("test", test), ("val", val)):
+            parts += [f"{split} loss {f(metrics.get('loss'), '.4f')}",
+                      f"{split} perplexity {f(metrics.get('ppl'), '.3f')}", *bits_parts(split, metrics)]
+        return parts
     if kind == "translation":
         return [f"val BLEU {f(val.get('bleu'), '.2f')} (decoded)", f"test perplexity {f(test.get('ppl'), '.3f')}",
                 f"val perplexity {f(val.get('ppl'), '.3f')}"]
@@ -72,10 +68,16 @@ def metric_parts(kind: str, val: dict[str, float], test: dict[str, float], chars
                     f"test token accuracy {f(test.get('acc'), '.4f')}"]
 
 
+def with_lm_bits(task: Any, kind: str, splits: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """A language model's split metrics with its bits per character or byte added (other tasks, and a masked
+    language model, whose loss covers only the masked tokens: unchanged)."""
+    if family(task) != "lm" or form_of(kind) == BIDIRECTIONAL:
+        return splits
+    return {split: with_bits(task, metrics, split) for split, metrics in splits.items()}
+
+
 def summary_line(task: Any, results: dict[str, Any], results_path: Any) -> str:
-    kind = family(task)
-    chars = chars_per_token(task) if kind == "lm" else None
-    parts = metric_parts(kind, results.get("val") or {}, results.get("test") or {}, chars)
+    parts = metric_parts(family(task), results.get("val") or {}, results.get("test") or {})
     rate = results.get("tokens_per_s") or 0.0
     from archsweep.core.data.tasks.images import ImageTask
 

@@ -90,6 +90,7 @@ def earlier_run(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, A
 def append_summary(info: Any, results: dict[str, Any], skipped: bool = False) -> None:
     line = {"job": info.job_num, "name": info.name, "status": results.get("status"), "error": results.get("error"),
             "run_dir": str(info.run_dir), "overrides": info.overrides, "skipped": skipped,
+            "task_family": results.get("task_family"),
             "val": results.get("val"), "test": results.get("test")}
     with open(Path(info.sweep_dir) / SUMMARY, "a") as f:  # one short append per job
         f.write(json.dumps(line) + "\n")
@@ -102,19 +103,51 @@ def read_summary(sweep_dir: str | Path) -> list[dict[str, Any]]:
     return list({row["run_dir"]: row for row in lines}.values())
 
 
+# The sweep table's figures per task family (results.json's task_family): (header, split, key). Every exact match
+# says how it was measured; a language model shows loss, perplexity and bits per character or byte instead.
+COLUMNS = {
+    "lm": [("val loss", "val", "loss"), ("val ppl", "val", "ppl"), ("val bits/char", "val", "bits_per_char"),
+           ("val bits/byte", "val", "bits_per_byte"), ("test ppl", "test", "ppl"),
+           ("test bits/char", "test", "bits_per_char"), ("test bits/byte", "test", "bits_per_byte")],
+    "synthetic": [("val loss", "val", "loss"), ("val exact (decoded)", "val", "decoded_exact_match"),
+                  ("val exact (teacher-forced)", "val", "exact_match"),
+                  ("test exact (teacher-forced)", "test", "exact_match")],
+    "translation": [("val loss", "val", "loss"), ("val BLEU (decoded)", "val", "bleu"), ("val ppl", "val", "ppl"),
+                    ("test ppl", "test", "ppl")],
+    "classification": [("val loss", "val", "loss"), ("val acc", "val", "acc"), ("test acc", "test", "acc")],
+}
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'job':>4}  {'status':<9}  {'val loss':>9}  {'val exact':>9}  {'test exact':>10}  name / error"]
-    for r in sorted(rows, key=lambda r: r["job"] if r["job"] is not None else -1):
-        val, test = r.get("val") or {}, r.get("test") or {}
+    """One table per task family among the rows (a sweep usually has one), each with the columns that fit it and
+    that some row holds; a job without metrics (failed) goes in the last table. A row without a task_family
+    (written before it was recorded) counts as synthetic."""
+    rows = sorted(rows, key=lambda r: r["job"] if r["job"] is not None else -1)
+    families = list(dict.fromkeys(r.get("task_family") or "synthetic" for r in rows if r.get("val")))
+    families = families or ["synthetic"]
+    tables = []
+    for i, name in enumerate(families):
+        last = i == len(families) - 1
+        members = [r for r in rows if ((r.get("task_family") or "synthetic") == name and r.get("val"))
+                   or (last and not r.get("val"))]
+        tables.append(family_table(members, name))
+    return "\n\n".join(tables)
 
-        def num(d: dict[str, Any], k: str) -> str:
-            return f"{d[k]:.4f}" if isinstance(d.get(k), (int, float)) else "-"
 
+def family_table(rows: list[dict[str, Any]], name: str) -> str:
+    def num(r: dict[str, Any], split: str, key: str) -> Any:
+        value = (r.get(split) or {}).get(key)
+        return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+
+    columns = [c for c in COLUMNS[name] if any(num(r, c[1], c[2]) != "-" for r in rows)] or COLUMNS[name][:1]
+    lines = [f"{'job':>4}  {'status':<9}  " + "  ".join(f"{c[0]:>{max(len(c[0]), 6)}}" for c in columns)
+             + "  name / error"]
+    for r in rows:
         tail = f"{r['name']}: {r['error']}" if r.get("error") else r["name"]
         if r.get("skipped"):
             tail += " (finished earlier, skipped)"
-        lines.append(f"{r['job']:>4}  {r['status']:<9}  {num(val, 'loss'):>9}  {num(val, 'exact_match'):>9}  "
-                     f"{num(test, 'exact_match'):>10}  {tail}")
+        cells = "  ".join(f"{num(r, c[1], c[2]):>{max(len(c[0]), 6)}}" for c in columns)
+        lines.append(f"{r['job']:>4}  {r['status']:<9}  {cells}  {tail}")
     return "\n".join(lines)
 
 

@@ -60,6 +60,8 @@ class TextTask(Task):
             raise ValueError(f"task.exact_vocab=true needs task.tokenizer=char (a {tokenizer} vocabulary has its "
                              f"special tokens); set task.tokenizer=char or task.exact_vocab=false")
         self.exact_vocab = exact_vocab
+        self.unit = "character" if tokenizer == "char" else "byte"  # what bits per unit count: bits_per_char, or
+        # bits_per_byte (of UTF-8), which compares models across subword tokenizers
         if exact_vocab:  # no special ids: -1 is never a token (generation runs to its length, nothing is padding)
             self.pad_id = self.bos_id = self.eos_id = self.sep_id = -1
             self.forms = (CAUSAL,)
