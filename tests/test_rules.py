@@ -66,6 +66,16 @@ def test_ddp_validation_needs_a_batch_for_every_process():
     rules.ddp_validation_batches(*composed("trainer=ddp", "trainer.devices=2", "task.val_batches=2"))
 
 
+def test_image_tasks_count_their_validation_batches_by_a_method():
+    """The image tasks answer n_batches(split) (a method; the synthetic ones keep a dict): every rule passes them,
+    and the data-parallel rule asks the method."""
+    cfg, task = composed("model=vit", "task=digits")
+    rules.check_rules(cfg, task)
+    cfg, task = composed("model=vit", "task=digits", "trainer=ddp", f"trainer.devices={task.n_batches('val') + 1}")
+    with pytest.raises(ValueError, match=rf"task.val_batches={task.n_batches('val')} is fewer than the"):
+        rules.ddp_validation_batches(cfg, task)
+
+
 def test_context_lengths_need_a_running_text():
     with pytest.raises(ValueError, match=r"eval.context_lengths: task=reverse is made of separate examples"):
         rules.context_lengths_need_text(*composed("eval.context_lengths=[16,32]"))

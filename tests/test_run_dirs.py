@@ -236,3 +236,20 @@ def test_restored_checkpoint_paths_are_this_runs_own_or_dropped(tmp_path):
 
     stock = ModelCheckpoint(dirpath=str(here), filename="best", monitor="val/loss", mode="min")
     assert stock.state_key == in_place.state_key
+
+
+def test_a_held_lock_pickles_without_its_hold(tmp_path):
+    """joblib and submitit pickle the Hydra callbacks, the sweep's lock with them: the copy names the directory
+    but neither holds nor releases the lock, which stays with the launching process."""
+    import pickle
+
+    from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock
+
+    lock = DirectoryLock(tmp_path, "sweep").acquire()
+    copy = pickle.loads(pickle.dumps(lock))
+    assert copy.path == lock.path and not copy.held
+    copy.release()  # a no-op: the copy never held it
+    assert lock.path.exists()
+    with pytest.raises(DirectoryInUse):
+        DirectoryLock(tmp_path, "second launch").acquire()
+    lock.release()

@@ -196,7 +196,8 @@ def test_a_sweep_cell_stays_re_runnable_after_a_new_option_with_a_default(tmp_pa
     (tmp_path / "results.json").write_text(json.dumps({"status": "completed"}))
     now = {"seed": 0, "model": {"d_model": 64, "pos": {"name": "rotary", "base": 10000.0, "scaling": "none"},
                                 "norm_bias": True}}
-    assert earlier_run(tmp_path, now) == ("finished", {"status": "completed"})
+    state, found = earlier_run(tmp_path, now)  # results.json read through its schema: every key, null if absent
+    assert state == "finished" and found["status"] == "completed" and found["version"] == 1
     changed = {**now, "model": {**now["model"], "d_model": 32}}
     with pytest.raises(ValueError, match="holds a run with other settings.*model.d_model: 64 -> 32"):
         earlier_run(tmp_path, changed)

@@ -75,8 +75,11 @@ def ddp_validation_batches(cfg: DictConfig, task: Task) -> None:
     """Data-parallel validation needs a batch for every process: with fewer, the processes that get none wait
     forever at the first validation's collective."""
     count = processes(cfg.trainer)
-    val_batches = (getattr(task, "n_batches", None) or {}).get("val")
-    if count is not None and isinstance(val_batches, int) and val_batches < count:
+    if count is None:
+        return
+    known = getattr(task, "n_batches", None)  # a {split: count} of the synthetic tasks, a method of the image tasks
+    val_batches = known("val") if callable(known) else (known or {}).get("val")
+    if isinstance(val_batches, int) and val_batches < count:
         raise ValueError(f"task.val_batches={val_batches} is fewer than the {count} data-parallel processes "
                          f"(trainer.devices={cfg.trainer.devices}, trainer.num_nodes={cfg.trainer.get('num_nodes', 1)}"
                          f"); each process validates its own batches, so set task.val_batches>={count} or use fewer "

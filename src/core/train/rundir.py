@@ -128,6 +128,16 @@ class DirectoryLock:
         self.held = False
         self.lock.release()
 
+    def __getstate__(self) -> dict:
+        """A launcher that starts jobs in other processes (joblib, submitit) pickles the Hydra callbacks, and with
+        them the sweep's lock: the copy names the directory but does not hold (or release) the lock, which stays
+        with the launching process."""
+        return {"path": self.path, "what": self.what}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self.what = state["path"], state["what"]
+        self.lock, self.held = SoftFileLock(self.path, timeout=0), False
+
 
 def holds_run(run_dir: Path) -> str | None:
     """What in `run_dir` is a run's result (None when nothing is): checkpoints, metrics, or a results.json of a run
