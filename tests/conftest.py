@@ -14,6 +14,11 @@ import pytest
 
 import archsweep.core.train.schemas  # noqa: F401  (registers the config groups' schemas, which the yaml files name)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: the test processes share the cores, one torch thread each
+    import torch
+
+    torch.set_num_threads(1)
+
 # module -> its slow tests by function name (every parametrisation), or "*" for the whole module
 SLOW = {
     "test_model_learning.py": "*",  # learning tests: tiny models overfit a batch
