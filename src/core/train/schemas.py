@@ -125,18 +125,14 @@ class WarmupSchema:
 
 
 @dataclass
-class CosineSchema:
-    """conf/schedule/cosine.yaml."""
+class CosineSchema(WarmupSchema):
+    """conf/schedule/cosine.yaml: the warm-up, then a cosine to a floor at total_steps."""
 
-    _target_: str = MISSING
-    _partial_: bool = True
-    name: str = MISSING
-    warmup_steps: int = MISSING
     total_steps: int = MISSING
     min_lr_ratio: float = MISSING
 
     def __post_init__(self) -> None:
-        check_warmup_steps(self.warmup_steps)
+        super().__post_init__()
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             refuse("schedule.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]: the floor of the cosine as a "
                                                                "fraction of optim.lr (0.1 is usual)")
