@@ -5,7 +5,6 @@ final summary shows the metrics that fit the task; short runs still validate sev
 from __future__ import annotations
 
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -14,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from archsweep.core.eval.metrics import bits_per_unit, with_bits
 from archsweep.core.train.console import ConsoleFormatter, DropNoise, job_prefix, set_job
-from archsweep.core.train.summary import family, metric_parts, with_lm_bits
+from archsweep.core.train.summary import family, metric_parts
 from archsweep.core.train.sweep import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,48 +77,21 @@ def test_library_noise_is_dropped():
 
 
 # the summary per task family, from the metrics results.json holds
-def test_language_model_summary_shows_loss_perplexity_and_bits_per_unit_and_no_exact_match():
-    val = {"loss": 1.6094, "ppl": 5.0, "exact_match": 0.0, "bits_per_char": 2.3219}
-    test = {"loss": 1.3863, "ppl": 4.0, "exact_match": 0.0, "bits_per_char": 2.0}
+def test_language_model_summary_shows_loss_perplexity_and_bits_per_byte_and_no_exact_match():
+    val = {"loss": 1.6094, "ppl": 5.0, "exact_match": 0.0, "bpb": 2.3219}
+    test = {"loss": 1.3863, "ppl": 4.0, "exact_match": 0.0, "bpb": 2.0}
     line = ", ".join(metric_parts("lm", val, test))
-    assert line == ("test loss 1.3863, test perplexity 4.000, test bits per character 2.000, "
-                    "val loss 1.6094, val perplexity 5.000, val bits per character 2.322")
-    subword = ", ".join(metric_parts("lm", {"loss": 3.0, "bits_per_byte": 1.1}, {"loss": 3.1, "bits_per_byte": 1.2}))
-    assert "test bits per byte 1.200" in subword and "val bits per byte 1.100" in subword
-    assert "exact" not in line + subword and "character" not in subword
+    assert line == ("test loss 1.3863, test perplexity 4.000, test bits per byte 2.000, "
+                    "val loss 1.6094, val perplexity 5.000, val bits per byte 2.322")
+    assert "exact" not in line
 
 
-def test_a_masked_language_model_gets_no_bits_per_unit_since_its_loss_covers_the_masked_tokens_only():
-    from archsweep.core.data.tasks.text import TextTask
-
-    splits = {"val": {"loss": 2.0, "ppl": 7.389}, "test": {"loss": 2.1, "ppl": 8.166}}
-    assert with_lm_bits(TextTask.__new__(TextTask), "encoder_only", splits) == splits
-    line = ", ".join(metric_parts("lm", splits["val"], splits["test"]))
+def test_a_language_model_without_bpb_gets_no_bits_line():
+    """A masked language model (its loss covers only the masked tokens) logs no bpb; nor did runs written before
+    bpb existed, whose approximate bits_per_char / bits_per_byte are not shown."""
+    val, test = {"loss": 2.0, "ppl": 7.389, "bits_per_char": 2.9}, {"loss": 2.1, "ppl": 8.166}
+    line = ", ".join(metric_parts("lm", val, test))
     assert line == "test loss 2.1000, test perplexity 8.166, val loss 2.0000, val perplexity 7.389"
-
-
-def test_bits_per_unit_divide_bits_per_token_by_the_text_per_token():
-    assert bits_per_unit(2 * 0.6931, units=4.0) == pytest.approx(0.5, rel=1e-3)  # BPE: 4 bytes per token
-    assert bits_per_unit(float("nan"), units=1.0) is None and bits_per_unit(1.0, units=None) is None
-
-
-class Text:
-    """A running text of 'aé' repeated, one token per character: a character is 1 unit, 'é' is 2 UTF-8 bytes."""
-
-    def __init__(self, unit):
-        self.unit = unit
-
-    def token_stream(self, split):
-        return [0, 1] * 50
-
-    def decode(self, ids):
-        return "".join("aé"[i] for i in ids)
-
-
-def test_bits_count_characters_for_a_character_task_and_utf8_bytes_for_a_subword_one():
-    loss = 2 * math.log(2)  # 2 bits per token
-    assert with_bits(Text("character"), {"loss": loss}, "test") == {"loss": loss, "bits_per_char": pytest.approx(2.0)}
-    assert with_bits(Text("byte"), {"loss": loss}, "test") == {"loss": loss, "bits_per_byte": pytest.approx(4 / 3)}
 
 
 def test_translation_summary_shows_bleu():
@@ -192,19 +163,19 @@ def test_the_sweep_table_says_which_exact_match_each_column_is():
     assert "decoded" not in undecoded and "val exact (teacher-forced)" in undecoded
 
 
-def test_language_model_sweep_rows_show_loss_perplexity_and_bits_and_no_exact_match():
-    lm = {"loss": 1.5, "ppl": 4.4817, "acc": 0.5, "exact_match": 0.0, "bits_per_char": 2.1}
-    text = format_table([sweep_row(0, "lm", lm, {**lm, "bits_per_char": 2.2})])
+def test_language_model_sweep_rows_show_loss_perplexity_and_bits_per_byte_and_no_exact_match():
+    lm = {"loss": 1.5, "ppl": 4.4817, "acc": 0.5, "exact_match": 0.0, "bpb": 2.1}
+    text = format_table([sweep_row(0, "lm", lm, {**lm, "bpb": 2.2})])
     header, row = text.splitlines()
-    assert "exact" not in header and "bits/byte" not in header
-    assert [c for c in ("val loss", "val ppl", "val bits/char", "test ppl", "test bits/char") if c in header] == \
-        ["val loss", "val ppl", "val bits/char", "test ppl", "test bits/char"]
+    assert "exact" not in header and "acc" not in header
+    assert [c for c in ("val loss", "val ppl", "val bpb", "test ppl", "test bpb") if c in header] == \
+        ["val loss", "val ppl", "val bpb", "test ppl", "test bpb"]
     assert row.split()[2:7] == ["1.5000", "4.4817", "2.1000", "4.4817", "2.2000"]
 
 
 def test_a_sweep_over_task_families_prints_one_table_each():
     rows = [sweep_row(0, "synthetic", {"loss": 0.9, "exact_match": 0.5}, {"exact_match": 0.4}),
-            sweep_row(1, "lm", {"loss": 1.5, "ppl": 4.5, "bits_per_byte": 1.1}, {"ppl": 4.6, "bits_per_byte": 1.2})]
+            sweep_row(1, "lm", {"loss": 1.5, "ppl": 4.5, "bpb": 1.1}, {"ppl": 4.6, "bpb": 1.2})]
     first, second = format_table(rows).split("\n\n")
     assert "exact (teacher-forced)" in first and "seed=0" in first and "seed=1" not in first
-    assert "bits/byte" in second and "exact" not in second and "seed=1" in second
+    assert "val bpb" in second and "exact" not in second and "seed=1" in second

@@ -94,11 +94,15 @@ def test_a_learned_table_reports_longer_lengths_as_not_applicable():
     assert extrapolation_ratio(rows, 16) == pytest.approx(rows[1]["ppl"] / rows[0]["ppl"])
 
 
-def test_bits_per_char_counts_the_characters_of_the_targets(model):
+def test_bits_per_byte_counts_the_bytes_of_the_targets_scored(model):
     text = markov_text(300)
-    chars = torch.full((8,), 2.0)  # every token two characters
-    row = context_loss(model, text, 16, None, token_chars=chars)
-    assert row["bits_per_char"] == pytest.approx(row["bits_per_token"] / 2)
+    n_bytes = torch.full((8,), 2)  # every token two bytes
+    row = context_loss(model, text, 16, None, token_bytes=n_bytes)
+    assert row["bpb"] == pytest.approx(row["bits_per_token"] / 2)
+    n_bytes = torch.tensor([1, 2, 3, 4, 1, 2, 3, 4])  # tokens of different sizes: count the targets' bytes by hand
+    row = context_loss(model, text, 16, None, token_bytes=n_bytes)
+    targets = text[1:row["tokens"] + 1]  # non-overlapping windows of 16 score every target from the second token
+    assert row["bpb"] == pytest.approx(row["loss"] * row["tokens"] / math.log(2) / float(n_bytes[targets].sum()))
 
 
 @pytest.mark.parametrize("lengths,stride,field", [([], None, "context_lengths"), ([0], None, "context_lengths"),

@@ -28,6 +28,7 @@ PROBS = torch.tensor([
 ])
 LABELS = torch.tensor([[1, 2, X], [0, 3, 1], [2, 3, X]])
 SRC_LEN = torch.tensor([3, 5, 3])
+TOKEN_BYTES = torch.tensor([1, 2, 3, 4])  # UTF-8 bytes of the text each of the 4 ids stands for
 P_LABEL = {0: [0.5, 0.25], 1: [0.7, 0.7, 0.6], 2: [0.6, 0.1]}  # p of each labelled token, per row
 
 
@@ -37,6 +38,13 @@ def nll(*rows: int) -> float:
 
 def stats(rows: slice = slice(None)):
     return row_stats(PROBS[rows].log(), LABELS[rows])
+
+
+def test_bits_per_byte_against_hand_computed_values():
+    metrics = SplitMetrics(TOKEN_BYTES)
+    metrics.update(stats(), LABELS)
+    n_bytes = 2 + 3 + 1 + 4 + 2 + 3 + 4  # the labelled tokens 1, 2 | 0, 3, 1 | 2, 3
+    assert float(metrics.compute()["bpb"]) == pytest.approx(nll(0, 1, 2) / math.log(2) / n_bytes, rel=1e-6)
 
 
 def test_split_metrics_against_hand_computed_values():
@@ -81,16 +89,17 @@ def summed(parts: list, make):
 @pytest.mark.filterwarnings("ignore:The ``compute`` method")  # merged metrics are never updated
 def test_states_of_two_processes_sum_to_the_whole_batch():
     halves = [slice(0, 2), slice(2, 3)]  # uneven, with different source lengths on each "rank"
-    whole, ranks = SplitMetrics(), [SplitMetrics() for _ in halves]
-    whole.update(stats())
+    whole, ranks = SplitMetrics(TOKEN_BYTES), [SplitMetrics(TOKEN_BYTES) for _ in halves]
+    whole.update(stats(), LABELS)
     table, tables = LengthTable(6), [LengthTable(6) for _ in halves]
     table.update(stats(), SRC_LEN)
     for rows, split, t in zip(halves, ranks, tables, strict=True):
-        split.update(stats(rows))
+        split.update(stats(rows), LABELS[rows])
         t.update(stats(rows), SRC_LEN[rows])
-    merged = SplitMetrics()
-    for name in ("loss", "acc", "exact_match"):
-        setattr(merged, name, summed([getattr(r, name) for r in ranks], type(getattr(merged, name))))
+    merged = SplitMetrics(TOKEN_BYTES)
+    for name in ("loss", "acc", "exact_match", "bpb"):
+        fresh = getattr(SplitMetrics(TOKEN_BYTES), name)  # as a process builds it (bpb holds the bytes table)
+        setattr(merged, name, summed([getattr(r, name) for r in ranks], lambda fresh=fresh: fresh))
     assert {k: float(v) for k, v in merged.compute().items()} == {k: float(v) for k, v in whole.compute().items()}
     assert by_length(summed(tables, lambda: LengthTable(6)).compute()) == by_length(table.compute())
     # torchmetrics' own merge (the reduction DDP's sync applies) agrees

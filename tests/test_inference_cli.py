@@ -144,8 +144,9 @@ def test_validation_decodes_and_logs_examples_to_wandb(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_language_model_shows_loss_perplexity_and_bits_per_character_and_no_exact_match(tmp_path):
-    """train.py's last line, the sweep-end table and evaluate.py on a character-level language model."""
+def test_a_language_model_shows_loss_perplexity_and_bits_per_byte_and_no_exact_match(tmp_path):
+    """train.py's last line, the sweep-end table, metrics.csv and evaluate.py on a character-level language model
+    (Tiny Shakespeare is ASCII: one byte per token, so bits per byte is the loss in bits)."""
     sweep = tmp_path / "sweep"
     out = run("train.py", "-m", "task=shakespeare_char", "model=decoder_only", "model.d_model=32", "model.n_heads=2",
               "model.n_layers=1", "model.d_ff=64", "task.block_size=32", "task.batch_size=8", "task.val_batches=1",
@@ -153,16 +154,20 @@ def test_a_language_model_shows_loss_perplexity_and_bits_per_character_and_no_ex
               f"output_root={tmp_path}")
     console = out.stdout + out.stderr
     result = json.loads((sweep / "0" / "results.json").read_text())
-    for split in ("val", "test"):  # one character per token: bits per character = loss in bits
-        assert result[split]["bits_per_char"] == pytest.approx(result[split]["loss"] / math.log(2))
+    for split in ("val", "test"):  # one byte per token: bits per byte = loss in bits
+        assert result[split]["bpb"] == pytest.approx(result[split]["loss"] / math.log(2), rel=1e-5)
+    header, *rows = (sweep / "0" / "metrics.csv").read_text().splitlines()
+    column = header.split(",").index("val/bpb")
+    logged = [float(r.split(",")[column]) for r in rows if r.split(",")[column]]
+    assert logged and all(0 < v < 8 for v in logged)  # below 8 bits, a uniform guess over 256 byte values
     (done,) = [line for line in console.splitlines() if "done in" in line]
-    assert f"test bits per character {result['test']['bits_per_char']:.3f}" in done
+    assert f"test bits per byte {result['test']['bpb']:.3f}" in done
     assert f"test loss {result['test']['loss']:.4f}" in done and "exact" not in done
     (header,) = [line for line in console.splitlines() if "status" in line and "val loss" in line]
-    assert "val bits/char" in header and "test ppl" in header and "exact" not in header
+    assert "val bpb" in header and "test ppl" in header and "exact" not in header
 
     out = run("evaluate.py", f"ckpt={sweep / '0'}", f"output={tmp_path / 'eval.json'}")
-    assert "bits/char" in out.stdout and "source length" not in out.stdout and "exact" not in out.stdout
+    assert "bpb" in out.stdout and "source length" not in out.stdout and "exact" not in out.stdout
     report = json.loads((tmp_path / "eval.json").read_text())
     assert report["by_length"] == [] and "exact_match" not in report["splits"]["test"]
-    assert report["splits"]["test"]["bits_per_char"] == pytest.approx(result["test"]["bits_per_char"], rel=1e-4)
+    assert report["splits"]["test"]["bpb"] == pytest.approx(result["test"]["bpb"], rel=1e-4)

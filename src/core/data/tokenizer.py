@@ -56,6 +56,11 @@ class CharTokenizer:
         n = self.first
         return "".join(self.chars[i - n] if i >= n else ("\ufffd" if i == UNK and n else "") for i in map(int, ids))
 
+    def token_bytes(self) -> list[int]:
+        """UTF-8 bytes each id decodes to: its character's, 3 for [UNK] (decoded as U+FFFD), 0 for the others."""
+        specials = [len(self.decode([i]).encode()) for i in range(self.first)]
+        return specials + [len(c.encode()) for c in self.chars]
+
     def save(self, path: str | Path) -> None:
         data = {"kind": "char", "specials": SPECIALS if self.specials else [], "chars": self.chars}
         Path(path).write_text(json.dumps(data, ensure_ascii=False))
@@ -93,6 +98,29 @@ class BpeTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_bytes(self) -> list[int]:
+        """UTF-8 bytes each id stands for, 0 for the special tokens (which decoding drops). Byte-level BPE writes
+        every byte as one symbol of a 256-symbol alphabet and its decoder maps each symbol back to its byte, adding
+        and removing nothing, so a token's bytes are its symbols, whatever surrounds it. (Decoding a token alone
+        would miscount one that holds part of a multi-byte character: it decodes to U+FFFD.)"""
+        from tokenizers import decoders, pre_tokenizers
+
+        if not isinstance(self.tok.decoder, decoders.ByteLevel):
+            raise ValueError(f"this BPE tokenizer decodes with {self.tok.decoder!r}, not byte-level; bytes per "
+                             f"token are known only for byte-level BPE (retrain it with task.tokenizer=bpe)")
+        alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        table = []
+        for i in range(self.vocab_size):
+            symbols = self.tok.id_to_token(i)
+            if i < len(SPECIALS):
+                table.append(0)
+            elif set(symbols) <= alphabet:
+                table.append(len(symbols))
+            else:
+                raise ValueError(f"token {i} ({symbols!r}) is not written in byte-level symbols; bytes per token "
+                                 f"are known only for byte-level BPE (retrain it with task.tokenizer=bpe)")
+        return table
 
     def save(self, path: str | Path) -> None:
         self.tok.save(str(path))

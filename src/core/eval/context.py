@@ -48,11 +48,12 @@ def windows(n_tokens: int, length: int, stride: int | None) -> tuple[list[int], 
 
 
 def context_loss(model: nn.Module, stream: Tensor, length: int, stride: int | None = None, batch_size: int = 8,
-                 token_chars: Tensor | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 token_bytes: Tensor | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Mean next-token loss of a causal LM over `stream` (N,) at context `length`; see the module docstring.
 
-    Returns {length, mode, stride, tokens, loss, ppl, bits_per_token, bits_per_char (if token_chars: characters
-    per token id), applicable: True}, or {length, applicable: False, reason}."""
+    Returns {length, mode, stride, tokens, loss, ppl, bits_per_token, bpb (if token_bytes: UTF-8 bytes per token
+    id; bits over the bytes of the targets scored, as the val/bpb of training), applicable: True}, or {length,
+    applicable: False, reason}."""
     import torch
     import torch.nn.functional as F
 
@@ -68,7 +69,7 @@ def context_loss(model: nn.Module, stream: Tensor, length: int, stride: int | No
     grad_was = torch.is_grad_enabled()
     torch.set_grad_enabled(False)
     nats = torch.zeros((), dtype=torch.float64, device=device)
-    chars = torch.zeros((), dtype=torch.float64, device=device)
+    n_bytes = torch.zeros((), dtype=torch.long, device=device)
     count = 0
     scored = torch.zeros(length, dtype=torch.bool, device=device)
     scored[length - new:] = True
@@ -82,8 +83,8 @@ def context_loss(model: nn.Module, stream: Tensor, length: int, stride: int | No
             if first == 0:
                 keep[0] = True  # the first window scores every target
             nats += loss[keep].double().sum()
-            if token_chars is not None:
-                chars += token_chars.to(device)[targets[keep]].double().sum()
+            if token_bytes is not None:
+                n_bytes += token_bytes.to(device)[targets[keep]].sum()
             count += int(keep.sum())
             if progress is not None and (first // batch_size) % 50 == 49:
                 progress(f"  length {length}: {first + batch_size}/{len(starts)} windows")
@@ -94,20 +95,20 @@ def context_loss(model: nn.Module, stream: Tensor, length: int, stride: int | No
     row = {"length": length, "mode": "non_overlapping" if new == length else "sliding",
            "stride": new, "tokens": count, "loss": mean, "ppl": math.exp(min(mean, 700.0)),
            "bits_per_token": mean / math.log(2), "applicable": True}
-    if token_chars is not None:
-        row["bits_per_char"] = float(nats) / math.log(2) / max(float(chars), 1.0)
+    if token_bytes is not None:
+        row["bpb"] = float(nats) / math.log(2) / max(int(n_bytes), 1)
     return row
 
 
 def context_table(model: nn.Module, stream: Tensor, lengths: list[int], stride: int | None, batch_size: int = 8,
-                  token_chars: Tensor | None = None,
+                  token_bytes: Tensor | None = None,
                   progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows of `context_loss` for every length: non-overlapping, and sliding too when `stride` is given."""
     check_lengths(lengths, stride)
     rows = []
     for length in lengths:
         for mode_stride in ([None] if stride is None or stride >= length else [None, stride]):
-            row = context_loss(model, stream, length, mode_stride, batch_size, token_chars, progress)
+            row = context_loss(model, stream, length, mode_stride, batch_size, token_bytes, progress)
             rows.append(row)
             if progress is not None:
                 progress(format_row(row))
@@ -131,8 +132,8 @@ def format_row(row: dict[str, Any]) -> str:
     if not row["applicable"]:
         return f"  length {row['length']:>6}: not applicable ({row['reason']})"
     mode = "non-overlapping" if row["mode"] == "non_overlapping" else f"sliding, stride {row['stride']}"
-    bpc = f", {row['bits_per_char']:.3f} bits/char" if "bits_per_char" in row else ""
-    return (f"  length {row['length']:>6} ({mode}): loss {row['loss']:.4f}, ppl {row['ppl']:.3f}{bpc}, "
+    bpb = f", {row['bpb']:.3f} bits/byte" if "bpb" in row else ""
+    return (f"  length {row['length']:>6} ({mode}): loss {row['loss']:.4f}, ppl {row['ppl']:.3f}{bpb}, "
             f"{row['tokens']:,} tokens")
 
 
@@ -142,13 +143,6 @@ def extrapolation_ratio(rows: list[dict[str, Any]], train_length: int) -> float 
     if train_length not in usable or len(usable) < 2:
         return None
     return usable[max(usable)] / usable[train_length]
-
-
-def chars_per_token(decode: Callable[[list[int]], str], vocab_size: int) -> Tensor:
-    """(V,) characters each token id decodes to, for bits per character (0 for ids that decode to nothing)."""
-    import torch
-
-    return torch.tensor([len(decode([i])) for i in range(vocab_size)], dtype=torch.float64)
 
 
 def evaluate_contexts(model: nn.Module, task: Any, split: str, lengths: list[int], stride: int | None,
@@ -167,11 +161,11 @@ def evaluate_contexts(model: nn.Module, task: Any, split: str, lengths: list[int
     if max_tokens is not None:
         stream = stream[:max_tokens]
     stream = torch.from_numpy(np.asarray(stream).astype(np.int64))
-    chars = chars_per_token(task.decode, model.config.vocab_size)
+    token_bytes = task.token_bytes(model.config.kind)
     train_length = task.max_input_len(model.config.kind)
     if progress is not None:
         progress(f"evaluating {split} at contexts {', '.join(map(str, lengths))} (trained at {train_length}) over "
                  f"{len(stream):,} tokens")
-    rows = context_table(model, stream, list(lengths), stride, batch_size, chars, progress)
+    rows = context_table(model, stream, list(lengths), stride, batch_size, token_bytes, progress)
     return {"split": split, "train_length": train_length, "tokens": len(stream), "rows": rows,
             "ppl_ratio": extrapolation_ratio(rows, train_length)}

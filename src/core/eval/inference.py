@@ -22,7 +22,7 @@ from archsweep.core.data.tasks.known import check_task_target
 from archsweep.core.data.tasks.text import TextTask
 from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, decode_sample, strip
 from archsweep.core.eval.generation import DecodingConfig, generate
-from archsweep.core.eval.metrics import BITS_KEYS, LengthTable, SplitMetrics, length_buckets, row_stats, with_bits
+from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
 from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, IMAGE, SOURCE_TARGET, form_of
 
@@ -177,14 +177,14 @@ def evaluate_split(loaded: Loaded, task, split: str, decoding: DecodingConfig, d
     forward = task.forward_fn(kind)
     decodes = state["seq2seq"] and form_of(kind) != BIDIRECTIONAL
     results = DecodeResults(keep_examples=3) if decodes else None
-    metrics, lengths = SplitMetrics().to(device), LengthTable(task.max_input_len(kind)).to(device)
+    metrics, lengths = SplitMetrics(task.token_bytes(kind)).to(device), LengthTable(task.max_input_len(kind)).to(device)
     forced_lengths = LengthTable(task.max_input_len(kind)).to(device)  # the table when only a sample is decoded
     sample = decode_sample(task.dataloader(split, kind, seed), decode_limit) if decodes else None
     with torch.no_grad():
         for index, batch in enumerate(task.dataloader(split, kind, seed)):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             stats = row_stats(forward(loaded.model, batch), batch["labels"])
-            metrics.update(stats)
+            metrics.update(stats, batch["labels"])
             if sample is not None and sample[index]:
                 rows = sample[index]
                 decoded = decode_batch(loaded.model, batch, kind, decoding, pad_id=state["pad_id"],
@@ -238,7 +238,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         summary, lengths, results = evaluate_split(loaded, task, split, decoding, cfg.decode_limit, cfg.seed,
                                                    device)
         if language_model:  # windows of running text: no sources to bucket, no whole sequence to match
-            report["splits"][split] = lm_summary(task, loaded.kind, split, summary)
+            report["splits"][split] = lm_summary(summary)
         else:
             report["splits"][split] = summary
             report["by_length"] += length_table(split, lengths, cfg.buckets)
@@ -282,21 +282,19 @@ def setting_name(decoding: dict[str, Any], decode_limit: int | None) -> str:
     return "-".join(parts)
 
 
-def lm_summary(task: TextTask, kind: str, split: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """A language model's split metrics: loss, perplexity, token accuracy and bits per character or byte (not for
-    a masked language model, whose loss covers only the masked tokens)."""
-    metrics = {k: summary[k] for k in ("n", "loss", "ppl", "acc")}
-    return metrics if form_of(kind) == BIDIRECTIONAL else with_bits(task, metrics, split)
+def lm_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A language model's split metrics: loss, perplexity, token accuracy and bits per byte (not for a masked
+    language model, whose loss covers only the masked tokens)."""
+    return {k: summary[k] for k in ("n", "loss", "ppl", "acc", "bpb") if k in summary}
 
 
 def print_lm_table(splits: dict[str, dict[str, Any]]) -> None:
     """One row per split of a language model: windows, loss (nats per token), perplexity, next-token accuracy and
-    bits per character or byte."""
-    units = [(unit, key) for unit, key in BITS_KEYS.items() if any(key in s for s in splits.values())]
-    head = "".join(f"{'bits/' + ('char' if unit == 'character' else unit):>11}" for unit, _ in units)
-    print(f"\n{'split':<12}{'windows':>8}{'loss':>9}{'ppl':>10}{'acc':>7}{head}")
+    bits per byte."""
+    bpb = any("bpb" in s for s in splits.values())
+    print(f"\n{'split':<12}{'windows':>8}{'loss':>9}{'ppl':>10}{'acc':>7}" + (f"{'bpb':>8}" if bpb else ""))
     for split, s in splits.items():
-        bits = "".join(f"{s[key]:>11.3f}" if key in s else f"{'-':>11}" for _, key in units)
+        bits = (f"{s['bpb']:>8.3f}" if "bpb" in s else f"{'-':>8}") if bpb else ""
         print(f"{split:<12}{s['n']:>8}{s['loss']:>9.4f}{s['ppl']:>10.3f}{s['acc']:>7.3f}{bits}")
 
 

@@ -1,13 +1,18 @@
 """Teacher-forced metrics, one implementation for training's validation/test and for evaluate.py: token-level
-loss (NLL without smoothing) and perplexity, token accuracy, whole-sequence exact match, and the same counts by
-source length.
+loss (NLL without smoothing) and perplexity, token accuracy, whole-sequence exact match, bits per byte of a
+language model, and the same counts by source length.
 
 Each is a torchmetrics `Metric` whose states are sums (`dist_reduce_fx="sum"`), so `compute()` under DDP sums
 every process's counts, and updating stays on the device (no host sync until `compute`). A batch is reduced
 once to per-row statistics (`row_stats`), which every metric reads:
 
     stats = row_stats(logits, labels)                    # (B, T, V), (B, T) -> per row nll, hits, tokens, exact
-    split = SplitMetrics(); split.update(stats)          # -> {"loss", "ppl", "acc", "exact_match"}
+    split = SplitMetrics(); split.update(stats, labels)  # -> {"loss", "ppl", "acc", "exact_match"}
+    SplitMetrics(task.token_bytes(kind))                 # ... and "bpb" for a language model
+
+Bits per byte (`bpb`) is the summed loss of the labelled tokens in bits over the UTF-8 bytes of the text those
+tokens stand for, counted exactly over the windows evaluated with the task's bytes-per-id table. Unlike the loss
+per token it does not depend on how the text was cut into tokens, so models with different tokenizers compare.
     table = LengthTable(max_len); table.update(stats, src_len)
 """
 
@@ -15,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,25 +107,53 @@ class ExactMatch(_Sums):
         return self.exact / self.rows.clamp(min=1)
 
 
-class SplitMetrics(nn.Module):
-    """The teacher-forced metrics of one split: loss, ppl, acc, exact_match (results.json's `val`/`test` keys)."""
+class BitsPerByte(_Sums):
+    """Summed NLL of the labelled tokens in bits over the UTF-8 bytes they stand for. `token_bytes` (V,) gives the
+    bytes of each id (`Task.token_bytes`); it is a buffer that moves with the module and is not saved."""
 
-    def __init__(self) -> None:
+    counters = (("nll", torch.float32), ("bytes", torch.long))
+
+    def __init__(self, token_bytes: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("token_bytes", token_bytes.long(), persistent=False)
+
+    def update(self, stats: RowStats, labels: Tensor) -> None:
+        labelled = labels != IGNORE_INDEX
+        self.nll += stats.nll.sum()
+        self.bytes += self.token_bytes[labels.where(labelled, 0)].masked_fill(~labelled, 0).sum()
+
+    def compute(self) -> Tensor:
+        return self.nll / math.log(2) / self.bytes  # no byte: inf, or nan without a token
+
+
+class SplitMetrics(nn.Module):
+    """The teacher-forced metrics of one split: loss, ppl, acc, exact_match, and bpb given the task's bytes per
+    token id (results.json's `val`/`test` keys)."""
+
+    def __init__(self, token_bytes: Tensor | None = None) -> None:
         super().__init__()
         self.loss, self.acc, self.exact_match = TokenLoss(), TokenAccuracy(), ExactMatch()
+        self.bpb = BitsPerByte(token_bytes) if token_bytes is not None else None
 
-    def update(self, stats: RowStats) -> None:
+    def update(self, stats: RowStats, labels: Tensor | None = None) -> None:
+        """`labels` (B, T), the ones `stats` were computed from, are needed with bits per byte."""
         for metric in (self.loss, self.acc, self.exact_match):
             metric.update(stats)
+        if self.bpb is not None:
+            if labels is None:
+                raise ValueError("SplitMetrics counts bits per byte: pass the batch's labels to update(stats, labels)")
+            self.bpb.update(stats, labels)
 
     def compute(self) -> dict[str, Tensor]:
         loss = self.loss.compute()
-        return {"loss": loss, "ppl": perplexity(loss), "acc": self.acc.compute(),
-                "exact_match": self.exact_match.compute()}
+        out = {"loss": loss, "ppl": perplexity(loss), "acc": self.acc.compute(),
+               "exact_match": self.exact_match.compute()}
+        return out if self.bpb is None else {**out, "bpb": self.bpb.compute()}
 
     def reset(self) -> None:
-        for metric in (self.loss, self.acc, self.exact_match):
-            metric.reset()
+        for metric in (self.loss, self.acc, self.exact_match, self.bpb):
+            if metric is not None:
+                metric.reset()
 
 
 LENGTH_COUNTS = ("rows", "exact", "hits", "tokens", "nll")
@@ -192,30 +224,3 @@ def length_buckets(counts: dict[str, Tensor], buckets: int) -> list[tuple[int, i
             out.append((start, last, summary(int(sums["rows"]), int(sums["exact"]), int(sums["hits"]),
                                              int(sums["tokens"]), float(sums["nll"]))))
     return out
-
-
-BITS_KEYS = {"character": "bits_per_char", "byte": "bits_per_byte"}  # a text task's unit -> its results key
-
-
-def units_per_token(task: Any, split: str = "test", limit: int = 100_000) -> float | None:
-    """Units of text (`task.unit`: characters, or UTF-8 bytes) per token over the first `limit` tokens of `split`
-    (None without a running text)."""
-    stream = task.token_stream(split)
-    if stream is None or len(stream) == 0:
-        return None
-    ids = [int(i) for i in stream[:limit]]
-    text = task.decode(ids)
-    return (len(text) if task.unit == "character" else len(text.encode("utf-8"))) / len(ids)
-
-
-def bits_per_unit(loss: float, units: float | None) -> float | None:
-    """Bits per character or byte from a loss in nats per token and the units per token."""
-    if units is None or units <= 0 or not math.isfinite(loss):
-        return None
-    return loss / math.log(2) / units
-
-
-def with_bits(task: Any, metrics: dict[str, float], split: str) -> dict[str, float]:
-    """A language model's split metrics with bits per unit of text added (`bits_per_char` or `bits_per_byte`)."""
-    bits = bits_per_unit(metrics.get("loss", math.nan), units_per_token(task, split))
-    return metrics if bits is None else {**metrics, BITS_KEYS[task.unit]: bits}

@@ -13,7 +13,7 @@ from typing import Any
 from archsweep.core.report.runs import CompareError, Run, ignored, key_of, lookup, metric, read_config
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
-LOWER_BETTER = ("loss", "ppl", "params", "target")
+LOWER_BETTER = ("loss", "ppl", "bpb", "params", "target")
 HIGHER_BETTER = ("acc", "exact_match", "decoded_exact_match", "bleu", "tokens_per_s")
 TARGET_RE = re.compile(r"^\s*([\w./-]+)\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 DEFAULT_TARGET = "val/exact_match>=0.9"
@@ -185,8 +185,8 @@ def sort_cells(cells: list[Cell], sort: SortKey) -> list[Cell]:
 
 def metric_columns(runs: list[Run], wanted: list[str] | None) -> list[str]:
     """The final metrics shown: those asked for, or val loss, the final training loss and its spike count,
-    val/test/test_long exact match, BLEU, whichever the completed runs have; for language models, loss and
-    perplexity of val and test instead of exact match."""
+    val/test/test_long exact match, BLEU, whichever the completed runs have; for language models, loss,
+    perplexity and bits per byte of val and test instead of exact match."""
     done = [r for r in runs if r.status == "completed"]
     have = lambda key: any(metric(r, key) is not None for r in done)
     if wanted:
@@ -194,8 +194,8 @@ def metric_columns(runs: list[Run], wanted: list[str] | None) -> list[str]:
     default = ["val/loss", "train/loss", "train/loss_spikes", "val/exact_match", "test/exact_match",
                "test_long/exact_match", "val/bleu", "test/bleu", "by_context/ppl_ratio"]
     if language_models(runs):
-        default = ["val/loss", "val/ppl", "test/loss", "test/ppl", "train/loss", "train/loss_spikes",
-                   "by_context/ppl_ratio"]
+        default = ["val/loss", "val/ppl", "val/bpb", "test/loss", "test/ppl", "test/bpb", "train/loss",
+                   "train/loss_spikes", "by_context/ppl_ratio"]
     return [k for k in default if have(k)]
 
 

@@ -44,7 +44,7 @@ from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup
-from archsweep.core.train.summary import family, summary_line, validation_keys, with_lm_bits
+from archsweep.core.train.summary import family, summary_line, validation_keys
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -264,7 +264,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             "codec": codec}
     lit = LitModel(model, setup.task.forward_fn(setup.model_cfg.kind), resolved["optim"], resolved["schedule"],
                    cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits,
-                   longest_input=setup.task.max_input_len(setup.model_cfg.kind))
+                   longest_input=setup.task.max_input_len(setup.model_cfg.kind),
+                   token_bytes=setup.task.token_bytes(setup.model_cfg.kind))
     extra = {"params": n_params, "run_dir": str(info.run_dir)}
     in_place = setup.ckpt_path is not None and info.run_dir.resolve() in Path(setup.ckpt_path).resolve().parents
     run = LogRun(info.run_dir, info.name, info.group, info.tags, wandb_config(cfg, info, extra), run_id)
@@ -329,8 +330,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
             overrides=info.overrides, seed=cfg.seed, params=n_params, task_family=family(setup.task),
             steps=trainer.global_step, train=train,
-            splits=with_lm_bits(setup.task, kind, {"val": metrics_of("val", val),
-                                                   **{s: metrics_of(s, test) for s in setup.task.test_splits}}),
+            splits={"val": metrics_of("val", val), **{s: metrics_of(s, test) for s in setup.task.test_splits}},
             by_length=lit.by_length, by_context=by_context, best_checkpoint=best,
             last_checkpoint=str(info.run_dir / CKPT_DIR / "last.ckpt"),
             resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id,

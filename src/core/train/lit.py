@@ -35,14 +35,16 @@ def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
 class LitModel(L.LightningModule):
     def __init__(self, model: nn.Module, forward_fn: Callable[[nn.Module, dict], Tensor], optim: dict[str, Any],
                  schedule: dict[str, Any], label_smoothing: float, seed: int, meta: dict[str, Any],
-                 test_splits: tuple[str, ...] = ("test",), longest_input: int | None = None) -> None:
+                 test_splits: tuple[str, ...] = ("test",), longest_input: int | None = None,
+                 token_bytes: Tensor | None = None) -> None:
         super().__init__()
         self.model, self.forward_fn = model, forward_fn
         self.optim_cfg, self.schedule_cfg = optim, schedule
         self.label_smoothing, self.seed = label_smoothing, seed
         self.meta = meta  # resolved config and run identity, stored in every checkpoint
-        self.val_metrics, self.test_splits = SplitMetrics(), tuple(test_splits)
-        self.test_metrics = nn.ModuleList(SplitMetrics() for _ in self.test_splits)  # one per test split
+        # with the task's bytes per token id (a language model: Task.token_bytes), each split also logs bpb
+        self.val_metrics, self.test_splits = SplitMetrics(token_bytes), tuple(test_splits)
+        self.test_metrics = nn.ModuleList(SplitMetrics(token_bytes) for _ in self.test_splits)  # one per test split
         # the by-length tables' size: the task's longest input for this kind (default: the model's max_seq_len)
         self.longest_input = longest_input or model.config.max_seq_len
         self.test_lengths: dict[str, LengthTable] = {}  # split -> counts by source length, during test
@@ -98,7 +100,7 @@ class LitModel(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         logits = self(batch)
-        self.val_metrics.update(row_stats(logits, batch["labels"]))
+        self.val_metrics.update(row_stats(logits, batch["labels"]), batch["labels"])
         return logits  # for callbacks' on_validation_batch_end (metrics of their own; not kept by Lightning)
 
     def on_validation_epoch_end(self) -> None:
@@ -111,7 +113,7 @@ class LitModel(L.LightningModule):
         split = self.test_splits[dataloader_idx]
         logits = self(batch)
         stats = row_stats(logits, batch["labels"])
-        self.test_metrics[dataloader_idx].update(stats)
+        self.test_metrics[dataloader_idx].update(stats, batch["labels"])
         if "src_len" in batch:
             self.test_lengths[split].update(stats, batch["src_len"])
         return logits

@@ -1,7 +1,7 @@
 """train.py's last line: the metrics that fit the task, named so that no two read alike.
 
-Language models: loss, perplexity and bits per character (a character-level task) or per UTF-8 byte (a subword
-one): bits per token divided by the text's characters or bytes per token; no exact match, which says nothing of a
+Language models: loss, perplexity and bits per UTF-8 byte (`bpb`: the loss in bits over the bytes of the text
+the evaluated tokens stand for, which compares tokenizers fairly); no exact match, which says nothing of a
 language model. Translation: BLEU from real decoding, and perplexity. Synthetic sequence tasks: exact match
 (decoded, when validation decodes; and teacher-forced, where each position sees the true prefix) and token
 accuracy. Classification (digits, images, is_sorted): accuracy.
@@ -10,9 +10,6 @@ accuracy. Classification (digits, images, is_sorted): accuracy.
 from __future__ import annotations
 
 from typing import Any
-
-from archsweep.core.eval.metrics import BITS_KEYS, with_bits
-from archsweep.variants.model import BIDIRECTIONAL, form_of
 
 
 def family(task: Any) -> str:
@@ -32,14 +29,14 @@ def family(task: Any) -> str:
 
 def validation_keys(task: Any) -> tuple[str, ...]:
     """The validation metrics the console line shows: a language model's exact match over a window says nothing."""
-    return {"lm": ("loss", "ppl"), "classification": ("loss", "acc")}.get(family(task), ("loss", "ppl", "acc",
+    return {"lm": ("loss", "ppl", "bpb"), "classification": ("loss", "acc")}.get(family(task), ("loss", "ppl", "acc",
                                                                                        "exact_match"))
 
 
 def bits_parts(split: str, metrics: dict[str, Any]) -> list[str]:
-    """A language model's bits per unit of text in a split's metrics, as the summary shows it (none for a masked
-    language model, whose loss covers only the masked tokens)."""
-    return [f"{split} bits per {unit} {metrics[key]:.3f}" for unit, key in BITS_KEYS.items() if key in metrics]
+    """A language model's bits per byte in a split's metrics, as the summary shows it (none for a masked language
+    model, whose loss covers only the masked tokens)."""
+    return [f"{split} bits per byte {metrics['bpb']:.3f}"] if "bpb" in metrics else []
 
 
 def metric_parts(kind: str, val: dict[str, float], test: dict[str, float]) -> list[str]:
@@ -66,14 +63,6 @@ def metric_parts(kind: str, val: dict[str, float], test: dict[str, float]) -> li
         parts.append(f"val exact match {f(val['decoded_exact_match'], '.4f')} (decoded)")
     return parts + [f"test exact match {f(test.get('exact_match'), '.4f')} (teacher-forced)",
                     f"test token accuracy {f(test.get('acc'), '.4f')}"]
-
-
-def with_lm_bits(task: Any, kind: str, splits: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """A language model's split metrics with its bits per character or byte added (other tasks, and a masked
-    language model, whose loss covers only the masked tokens: unchanged)."""
-    if family(task) != "lm" or form_of(kind) == BIDIRECTIONAL:
-        return splits
-    return {split: with_bits(task, metrics, split) for split, metrics in splits.items()}
 
 
 def summary_line(task: Any, results: dict[str, Any], results_path: Any) -> str:

@@ -104,11 +104,10 @@ def read_summary(sweep_dir: str | Path) -> list[dict[str, Any]]:
 
 
 # The sweep table's figures per task family (results.json's task_family): (header, split, key). Every exact match
-# says how it was measured; a language model shows loss, perplexity and bits per character or byte instead.
+# says how it was measured; a language model shows loss, perplexity and bits per byte instead.
 COLUMNS = {
-    "lm": [("val loss", "val", "loss"), ("val ppl", "val", "ppl"), ("val bits/char", "val", "bits_per_char"),
-           ("val bits/byte", "val", "bits_per_byte"), ("test ppl", "test", "ppl"),
-           ("test bits/char", "test", "bits_per_char"), ("test bits/byte", "test", "bits_per_byte")],
+    "lm": [("val loss", "val", "loss"), ("val ppl", "val", "ppl"), ("val bpb", "val", "bpb"),
+           ("test ppl", "test", "ppl"), ("test bpb", "test", "bpb")],
     "synthetic": [("val loss", "val", "loss"), ("val exact (decoded)", "val", "decoded_exact_match"),
                   ("val exact (teacher-forced)", "val", "exact_match"),
                   ("test exact (teacher-forced)", "test", "exact_match")],

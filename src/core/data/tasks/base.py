@@ -105,6 +105,11 @@ class Task:
         for tasks made of separate examples."""
         return None
 
+    def token_bytes(self, kind: str) -> Tensor | None:
+        """(vocab_size,) UTF-8 bytes of the text each id stands for, where a model of `kind` predicts every token
+        of a running text: the denominator of bits per byte (`<split>/bpb`). None (the default) logs no bpb."""
+        return None
+
     def forward_fn(self, kind: str) -> Callable[[nn.Module, dict[str, Any]], Tensor]:
         """The function running a model of `kind` on one of this task's batches, returning logits (B, T, V)
         aligned with batch["labels"] (B, T)."""

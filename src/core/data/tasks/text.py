@@ -30,7 +30,7 @@ from archsweep.core.data.tokenizer import (
     load_tokenizer,
     train_tokenizer,
 )
-from archsweep.variants.model import CAUSAL, SOURCE_TARGET, form_of
+from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, form_of
 
 GET_DATA = ("Or set task.path to a UTF-8 text file or a folder of them (relative paths: the current directory, then "
             "the data folder: data_dir= / task.data_dir, else $ARCHSWEEP_DATA_DIR, else ../shared/data next to the "
@@ -60,8 +60,6 @@ class TextTask(Task):
             raise ValueError(f"task.exact_vocab=true needs task.tokenizer=char (a {tokenizer} vocabulary has its "
                              f"special tokens); set task.tokenizer=char or task.exact_vocab=false")
         self.exact_vocab = exact_vocab
-        self.unit = "character" if tokenizer == "char" else "byte"  # what bits per unit count: bits_per_char, or
-        # bits_per_byte (of UTF-8), which compares models across subword tokenizers
         if exact_vocab:  # no special ids: -1 is never a token (generation runs to its length, nothing is padding)
             self.pad_id = self.bos_id = self.eos_id = self.sep_id = -1
             self.forms = (CAUSAL,)
@@ -146,6 +144,16 @@ class TextTask(Task):
 
     def token_stream(self, split: str):
         return self.array(split)  # test windows come from the held-out text, as the test split's do
+
+    def token_bytes(self, kind: str):
+        """Bytes per id from the tokenizer (`token_bytes`), for the models that predict each next token (with or
+        without an encoder reading the window's first half); a masked language model scores only the masked
+        positions, so it gets none."""
+        import torch
+
+        if form_of(kind) == BIDIRECTIONAL:
+            return None
+        return torch.tensor(self.tokenizer.token_bytes(), dtype=torch.long)
 
     def max_input_len(self, kind: str) -> int:
         return self.block_size - self.block_size // 2 if form_of(kind) == SOURCE_TARGET else self.block_size
