@@ -1,7 +1,7 @@
 """What generate.py and evaluate.py do with a train.py checkpoint: rebuild the model and the task's codec from the
 checkpoint alone, decode prompts, and evaluate test splits with teacher-forced and decoded metrics, overall and
 by source-length bucket (which is where length generalisation shows). A language model (a text task) has no
-sources and no whole sequences: its print-out is loss, perplexity and bits per character or byte per split."""
+sources and no whole sequences: its print-out is loss, perplexity and bits per byte per split."""
 
 from __future__ import annotations
 
