@@ -155,6 +155,13 @@ def test_the_text_task_supplies_the_table_of_its_tokenizer_for_next_token_models
     assert task.token_bytes("encoder_only") is None  # masked positions only: no bits per byte
 
 
+def test_a_task_made_of_separate_examples_logs_no_bpb():
+    from archsweep.core.data.tasks.synthetic import ReverseTask
+
+    task = ReverseTask(n_symbols=8, min_len=2, max_len=6, batch_size=4, val_batches=1, test_batches=1, eval_seed=0)
+    assert task.token_bytes("decoder_only") is None and task.token_bytes("encoder_decoder") is None
+
+
 def lm_run(d, tokenizer: str, splits: dict) -> None:
     """A finished language-model run directory as compare.py reads it."""
     (d / ".hydra").mkdir(parents=True)
@@ -183,3 +190,49 @@ def test_compare_shows_bpb_for_language_models_sorts_it_lower_first_and_reads_ol
                                             "test": {"loss": 1.6, "ppl": 4.95, "bits_per_char": 2.31}})
     old = compare([tmp_path / "old"], out=tmp_path / "out2")
     assert old.columns[:4] == ["val/loss", "val/ppl", "test/loss", "test/ppl"] and "val/bpb" not in old.columns
+
+
+def test_a_bpe_run_logs_the_bpb_its_checkpoint_gives_by_hand(tmp_path):
+    """train.py on an ASCII text with a BPE tokenizer: results.json's and metrics.csv's val/bpb equal the summed
+    NLL of the validation windows' labels in bits over the bytes their decoded text has (ASCII: no token splits a
+    character, so each row of labels decodes to exactly the text it covers)."""
+    import random
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from archsweep.core.model.checkpoint import load_model
+
+    words = ["the", "king", "said", "to", "his", "son,", "and", "then", "we", "shall", "go.", "What?", "now"]
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(1500)]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="ascii")
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "train.py", "task=text", f"task.path={tmp_path / 'corpus.txt'}", "task.tokenizer=bpe",
+         "task.bpe_vocab_size=300", f"task.cache_dir={tmp_path / 'cache'}", "task.block_size=32",
+         "task.batch_size=8", "task.val_batches=3", "task.test_batches=1", "model=decoder_only", "model.d_model=32",
+         "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "trainer.max_steps=10", "logger=csv", "seed=0",
+         f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    model = load_model(res["best_checkpoint"] or res["last_checkpoint"])
+    task = instantiate(OmegaConf.load(run_dir / "config.yaml").task)
+    nats, covered = 0.0, 0
+    with torch.no_grad():
+        for batch in task.dataloader("val", "decoder_only", seed=0):
+            logits = task.forward_fn("decoder_only")(model, batch).double()  # (B, T, V)
+            picked = logits.gather(-1, batch["labels"][..., None])[..., 0]
+            nats += float((logits.exp().sum(-1).log() - picked).sum())
+            texts = [task.decode(row.tolist()) for row in batch["labels"]]
+            assert not any("\ufffd" in t for t in texts)  # whole characters only
+            covered += sum(map(n_bytes, texts))
+    assert res["val"]["bpb"] == pytest.approx(nats / math.log(2) / covered, rel=1e-4)
+    header, *rows = (run_dir / "metrics.csv").read_text().splitlines()
+    column = header.split(",").index("val/bpb")
+    assert float([r for r in rows if r.split(",")[column]][-1].split(",")[column]) == pytest.approx(res["val"]["bpb"])
+
