@@ -9,11 +9,11 @@ once to per-row statistics (`row_stats`), which every metric reads:
     stats = row_stats(logits, labels)                    # (B, T, V), (B, T) -> per row nll, hits, tokens, exact
     split = SplitMetrics(); split.update(stats, labels)  # -> {"loss", "ppl", "acc", "exact_match"}
     SplitMetrics(task.token_bytes(kind))                 # ... and "bpb" for a language model
+    table = LengthTable(max_len); table.update(stats, src_len)
 
 Bits per byte (`bpb`) is the summed loss of the labelled tokens in bits over the UTF-8 bytes of the text those
 tokens stand for, counted exactly over the windows evaluated with the task's bytes-per-id table. Unlike the loss
 per token it does not depend on how the text was cut into tokens, so models with different tokenizers compare.
-    table = LengthTable(max_len); table.update(stats, src_len)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from archsweep.core.data import cache, fetch, paths, read
 from archsweep.core.data.tasks.base import Task
@@ -31,6 +31,9 @@ from archsweep.core.data.tokenizer import (
     train_tokenizer,
 )
 from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, SOURCE_TARGET, form_of
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 GET_DATA = ("Or set task.path to a UTF-8 text file or a folder of them (relative paths: the current directory, then "
             "the data folder: data_dir= / task.data_dir, else $ARCHSWEEP_DATA_DIR, else ../shared/data next to the "
@@ -145,7 +148,7 @@ class TextTask(Task):
     def token_stream(self, split: str):
         return self.array(split)  # test windows come from the held-out text, as the test split's do
 
-    def token_bytes(self, kind: str):
+    def token_bytes(self, kind: str) -> Tensor | None:
         """Bytes per id from the tokenizer (`token_bytes`), for the models that predict each next token (with or
         without an encoder reading the window's first half); a masked language model scores only the masked
         positions, so it gets none."""
