@@ -45,10 +45,13 @@ def test_the_table_counts_the_utf8_bytes_of_every_text_the_tokens_decode_to(name
         assert tok.decode(ids) == text
         assert sum(table[i] for i in ids) == n_bytes(text) == n_bytes(tok.decode(ids))
     ids = tok.encode(TEXT)
+    checked = 0
     for start in range(0, len(ids), 7):  # any run of tokens that decodes to whole characters
         piece = tok.decode(ids[start:start + 11])
         if "\ufffd" not in piece:
             assert sum(table[i] for i in ids[start:start + 11]) == n_bytes(piece)
+            checked += 1
+    assert checked >= len(ids) // 7 // 2
 
 
 def test_special_ids_count_no_bytes_and_unknown_characters_count_what_they_decode_to(char, bpe):
