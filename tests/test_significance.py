@@ -332,3 +332,26 @@ def test_the_compare_block_is_typed_and_a_setting():
     assert compare_block(cfg) == {"tune": ["optim.lr"], "baseline": "norm=pre model.n_layers=6",
                                   "metric": "test_long/acc"}
     assert is_setting("compare.tune") and not is_setting("optim.lr")
+
+
+PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_presets_compare_block_names_keys_and_a_cell_of_its_own_sweep(name):
+    """A preset's compare block is valid, tunes keys it sweeps, and its baseline names exactly one cell: a value
+    its sweep runs for every swept key but the seed and the tuned ones."""
+    from test_experiments import sweep_values
+
+    from archsweep.core.report.runs import canon
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={name}"], return_hydra_config=True)
+    block = check_schemas(cfg).groups["compare"]
+    grid = sweep_values(cfg.hydra.sweeper.params or {})
+    assert set(block.tune) <= set(grid), f"{name}: compare.tune={block.tune} but the sweep varies {sorted(grid)}"
+    if block.baseline is not None:
+        spec = dict(p.split("=", 1) for p in block.baseline.split())
+        assert set(spec) == set(grid) - {"seed", *block.tune}, f"{name}: compare.baseline={block.baseline!r}"
+        for key, value in spec.items():
+            assert canon(value) in {canon(v) for v in grid[key]}, f"{name}: {key}={value} is not in its sweep"

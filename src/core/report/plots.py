@@ -253,8 +253,9 @@ def plot_sensitivity(cells: list[Cell], keys: list[str], selection: Selection, p
                f"{key}" + (" (log scale)" if log else ""), f"{selection.key} (validation)", len(rows))
         if log:
             ax.set_xscale("log")
-        if not log and any(x is None for x in numbers):
-            ax.set_xticks(range(len(values)), values)
+            ax.minorticks_off()
+        if len(values) <= 12:  # the values tried, as the runs wrote them (0.003, not 3x10^-3)
+            ax.set_xticks([where[v] for v in values], values)
         for i, (cell, pts) in enumerate(rows):
             shift = (i - (len(rows) - 1) / 2) * 0.012  # in decades on a log axis, else in units of the spacing
             step = 1.0 if log else min(np.diff(sorted(where.values())), default=1.0)
