@@ -355,3 +355,43 @@ def test_a_presets_compare_block_names_keys_and_a_cell_of_its_own_sweep(name):
         assert set(spec) == set(grid) - {"seed", *block.tune}, f"{name}: compare.baseline={block.baseline!r}"
         for key, value in spec.items():
             assert canon(value) in {canon(v) for v in grid[key]}, f"{name}: {key}={value} is not in its sweep"
+
+
+def test_compare_main_reads_the_flags(tmp_path, capsys):
+    from archsweep.cli import compare_main
+
+    s = tuned_sweep(tmp_path, {"pre": dict(zip(LRS, (1.2, 1.0, 1.1), strict=True)),
+                               "post": dict(zip(LRS, (1.5, 1.4, 1.3), strict=True))})
+    assert compare_main([str(s), "--no-plots", "--tune", "optim.lr", "--baseline", "norm=pre", "--detect", "0.05",
+                         "--alpha", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "Tuned per cell: optim.lr." in out and "seeds for 0.05" in out and "verdict at alpha=0.01" in out
+    assert compare_main([str(s), "--no-plots", "--no-tune"]) == 0
+    assert "optim.lr" in capsys.readouterr().out.split("Cells by: ")[1].splitlines()[0]  # a cell key again
+    assert compare_main([str(s), "--no-plots", "--baseline", "norm=none"]) == 2
+    assert "matches none of the cells" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        compare_main([str(s), "--tune", "optim.lr", "--no-tune"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_two_tuned_keys_are_chosen_together_and_each_gets_its_edge_and_plot(tmp_path):
+    s = tmp_path / "two"
+    i = 0
+    for norm in ("pre", "post"):
+        for lr in LRS:
+            for warmup in ("0", "50", "100"):
+                loss = 1.0 + abs(LRS.index(lr) - 1) * 0.1 + int(warmup) / 1000 + (norm == "post") * 0.2
+                write_run(s / str(i), [f"norm={norm}", f"optim.lr={lr}", f"schedule.warmup_steps={warmup}",
+                                       "seed=0"], done(loss, 0.5, 0.5))
+                i += 1
+    report = compare([s], tune=["optim.lr", "schedule.warmup_steps"], out=tmp_path / "out")
+    pre = by_label(report)["norm=pre"]
+    assert report.keys == ["norm"] and pre.tuning.chosen.values == {"optim.lr": "0.003", "schedule.warmup_steps": "0"}
+    assert pre.tuning.edges == {"schedule.warmup_steps": "low"} and len(pre.tuning.points) == 9
+    assert "best schedule.warmup_steps 0 is the smallest tried; extend the grid downward" in terminal(report)
+    import matplotlib.pyplot as plt
+
+    write(report)
+    image = plt.imread(tmp_path / "out" / "comparison_sensitivity.png")
+    assert image.shape[1] > 1.5 * image.shape[0]  # one panel per tuned key, side by side

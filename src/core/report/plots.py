@@ -240,7 +240,8 @@ def plot_sensitivity(cells: list[Cell], keys: list[str], selection: Selection, p
     drawn = {k: [(c, pts) for c in cells if (pts := sensitivity(c, k, selection.key))] for k in keys}
     if not any(drawn.values()):
         return None
-    n = max(len(v) for v in drawn.values())
+    n = len(cells)
+    colors = plt.get_cmap("tab10").colors if n <= MANY else plt.get_cmap("viridis")(np.linspace(0.0, 0.92, n))
     fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5 if n <= 20 else 6), dpi=110, squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         rows = drawn[key]
@@ -249,8 +250,10 @@ def plot_sensitivity(cells: list[Cell], keys: list[str], selection: Selection, p
         log = all(x is not None and x > 0 for x in numbers)
         where = dict(zip(values, numbers if log or all(x is not None for x in numbers) else range(len(values)),
                          strict=True))
-        _style(ax, f"{selection.key} against {key}\n(mean over seeds, bars: lowest to highest seed; stars: chosen)",
-               f"{key}" + (" (log scale)" if log else ""), f"{selection.key} (validation)", len(rows))
+        held = [k for k in keys if k != key]
+        title = f"{selection.key} against {key}\n(mean over seeds, bars: lowest to highest seed; stars: chosen)"
+        title += f"\n{', '.join(held)} at each cell's chosen value" if held else ""
+        _style(ax, title, f"{key}" + (" (log scale)" if log else ""), f"{selection.key} (validation)", n)
         if log:
             ax.set_xscale("log")
             ax.minorticks_off()
@@ -262,7 +265,9 @@ def plot_sensitivity(cells: list[Cell], keys: list[str], selection: Selection, p
             x = [where[v] * 10**shift if log else where[v] + shift * step for v, *_ in pts]
             mean = np.array([m for _, m, _, _ in pts])
             bars = [mean - np.array([lo for *_, lo, _ in pts]), np.array([hi for *_, hi in pts]) - mean]
-            line = ax.errorbar(x, mean, yerr=bars, marker="o", ms=4, capsize=3, lw=1.4, label=cell.label)[0]
+            color = colors[[id(c) for c in cells].index(id(cell))]  # one colour per cell in every panel
+            line = ax.errorbar(x, mean, yerr=bars, marker="o", ms=4, capsize=3, lw=1.4, color=color,
+                               label=cell.label)[0]
             chosen = cell.tuning.chosen.values[key]
             at = [(xi, m) for xi, (v, m, _, _) in zip(x, pts, strict=True) if v == chosen]
             if at:
