@@ -188,15 +188,21 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     fits = scaling_fits(cells, scaling, keys, scaling_metric) if scaling is not None else []
     report = Report(paths, out_dir, keys, columns, ordered, tgt, order, skipped, notes, {}, scaling, fits,
                     scaling_metric, tuned, selection, sort_source="the preset's question" if asked else "")
-    spec, name = (baseline, "--baseline") if baseline is not None else (settings.get("baseline"),
-                                                                         "the runs' compare.baseline")
-    if spec is not None and spec.strip().lower() not in ("none", "off", ""):
-        base = find_baseline(spec, ordered, keys, tuned, name)
-        report.significance = against_baseline(ordered, base, order, alpha, detect)
-    elif detect is not None:
-        raise CompareError(f"--detect {detect:g} needs a baseline to test against: add --baseline, e.g. "
-                           f"--baseline '{ordered[0].label if ordered else 'norm=pre'}'")
+    add_significance(report, baseline, settings.get("baseline"), alpha, detect)
     return report
+
+
+def add_significance(report: Report, baseline: str | None, from_runs: str | None, alpha: float,
+                      detect: float | None) -> None:
+    """Every cell against the baseline (--baseline, else the runs' compare.baseline; 'none': no test)."""
+    spec, name = (baseline, "--baseline") if baseline is not None else (from_runs, "the runs' compare.baseline")
+    if spec is not None and spec.strip().lower() not in ("none", "off", ""):
+        base = find_baseline(spec, report.cells, report.keys, report.tuned, name)
+        report.significance = against_baseline(report.cells, base, report.sort, alpha, detect)
+    elif detect is not None:
+        example = report.cells[0].label if report.cells and report.keys else "norm=pre"
+        raise CompareError(f"--detect {detect:g} needs a baseline to test against: add --baseline, e.g. "
+                           f"--baseline '{example}'")
 
 
 def write(report: Report, plots: bool = True, length_metric: str = "exact_match") -> list[Path]:

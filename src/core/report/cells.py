@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from archsweep.core.report.runs import CompareError, Run, ignored, key_of, lookup, metric, read_config
 
 if TYPE_CHECKING:
-    from archsweep.core.report.significance import Test
+    from archsweep.core.report.significance import Contrast
     from archsweep.core.report.tuning import Tuning
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -132,7 +132,7 @@ class Cell:
     best: bool = False
     tuning: Tuning | None = None  # tuned keys (tuning.py): the values tried, the one chosen (whose runs are `runs`)
     others: list[Run] = field(default_factory=list)  # the runs at the tuned values not chosen
-    test: Test | None = None  # against the baseline (significance.py); None: no baseline, or this is it
+    test: Contrast | None = None  # against the baseline (significance.py); None: no baseline, or this is it
 
     @property
     def label(self) -> str:

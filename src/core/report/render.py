@@ -15,7 +15,7 @@ from typing import Any
 from archsweep.core.report.cells import Cell, SortKey, Stat, Target
 from archsweep.core.report.runs import Run, Skipped
 from archsweep.core.report.scaling import Fit, fit_text
-from archsweep.core.report.significance import POWER, Significance, Test
+from archsweep.core.report.significance import POWER, Contrast, Significance
 from archsweep.core.report.tuning import Selection, edge_lines
 
 # shown last, without a deviation: what each cell cost and what was held fixed (parameters, FLOPs)
@@ -44,7 +44,7 @@ class Report:
     scaling_metric: str = "val/loss"
     tuned: list[str] = field(default_factory=list)  # keys tuned per cell (tuning.py)
     selection: Selection | None = None  # the validation metric the tuned values are chosen on
-    significance: Significance | None = None  # --baseline: each other cell's Test is on the cell
+    significance: Significance | None = None  # --baseline: each other cell's Contrast is on the cell
     sort_source: str = ""  # why this sort: "the preset's question" when it is the runs' compare.metric
 
     def runs(self, status: str) -> list[Run]:
@@ -120,7 +120,7 @@ def significance_columns(sig: Significance) -> list[tuple[str, Callable[[Cell], 
     """Difference of means with its CI, the test, p, Holm's p, the verdict, the minimum detectable effect and
     (--detect) the seeds needed; the baseline's row says so, a cell with one seed says "1 seed" in each."""
 
-    def col(head: str, text: Callable[[Test], str], right: bool = True) -> tuple[str, Callable[[Cell], str], bool]:
+    def col(head: str, text: Callable[[Contrast], str], right: bool = True) -> tuple[str, Callable[[Cell], str], bool]:
         def show(cell: Cell) -> str:
             if cell is sig.baseline:
                 return "baseline" if head.startswith("diff") else "-"

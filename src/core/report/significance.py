@@ -120,7 +120,7 @@ def pooled_sd(a: list[float], b: list[float]) -> float:
 
 
 @dataclass
-class Test:
+class Contrast:
     """One cell against the baseline; numbers None where not computable (`short` says why: '1 seed')."""
 
     n: int
@@ -147,10 +147,10 @@ def samples(cell: Cell, key: str) -> list[tuple[Any, float]]:
     return out
 
 
-def test_cell(cell: list[tuple[Any, float]], base: list[tuple[Any, float]], confidence: float, alpha: float,
-              detect: float | None) -> Test:
+def against(cell: list[tuple[Any, float]], base: list[tuple[Any, float]], confidence: float, alpha: float,
+              detect: float | None) -> Contrast:
     a, b = [v for _, v in cell], [v for _, v in base]
-    test = Test(len(a), len(b))
+    test = Contrast(len(a), len(b))
     if len(a) < 2 or len(b) < 2:
         test.short = "no runs" if not a or not b else "1 seed"
         return test
@@ -208,16 +208,17 @@ def find_baseline(spec: str, cells: list[Cell], keys: list[str], tuned: list[str
     found = [c for c in cells if all(c.values[k] == v for k, v in wanted.items())]
     labels = ", ".join(c.label for c in cells)
     if not found:
-        raise CompareError(f"{name} {spec!r} matches none of the cells: {labels}")
+        raise CompareError(f"{name} {spec!r} matches none of the cells: {labels}; give one of them with "
+                           f"--baseline, or --baseline none for no test")
     if len(found) > 1:
         raise CompareError(f"{name} {spec!r} matches {len(found)} cells ({', '.join(c.label for c in found)}); "
-                           f"name one by adding keys, e.g. {found[0].label!r}")
+                           f"name one by adding keys, e.g. --baseline {found[0].label!r}")
     return found[0]
 
 
 def against_baseline(cells: list[Cell], baseline: Cell, order: SortKey, alpha: float,
                      detect: float | None) -> Significance:
-    """Every other cell's Test against `baseline` on the sort metric (stored on the cell), Holm-adjusted across
+    """Every other cell's Contrast against `baseline` on the sort metric (stored on the cell), Holm-adjusted across
     the cells that have a p-value, with a verdict."""
     if order.key == "target":
         raise CompareError("--baseline tests a final metric; --sort target (steps to a target) is not one: sort by a "
@@ -231,7 +232,7 @@ def against_baseline(cells: list[Cell], baseline: Cell, order: SortKey, alpha: f
     base = samples(baseline, order.key)
     tested = [c for c in cells if c is not baseline]
     for cell in tested:
-        cell.test = test_cell(samples(cell, order.key), base, sig.confidence, alpha, detect)
+        cell.test = against(samples(cell, order.key), base, sig.confidence, alpha, detect)
     with_p = [c.test for c in tested if c.test is not None and c.test.p is not None]
     for test, adjusted in zip(with_p, holm([t.p for t in with_p]), strict=True):
         test.p_holm = adjusted
