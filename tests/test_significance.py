@@ -323,6 +323,17 @@ def test_train_refuses_a_bad_compare_block(override, message):
         check_schemas(composed(override))
 
 
+def test_train_refuses_a_tuned_key_the_config_lacks():
+    from archsweep.core.train import rules
+    from archsweep.core.train.job import build_task
+
+    cfg = composed("compare.tune=[optim.lrr]")
+    with pytest.raises(ValueError, match=r"compare.tune names optim.lrr, which this config does not have"):
+        rules.check_rules(cfg, build_task(cfg))
+    cfg = composed("compare.tune=[optim.lr,norm,model.qk_norm]")  # a value, a group, a key set to null
+    rules.check_rules(cfg, build_task(cfg))
+
+
 def test_the_compare_block_is_typed_and_a_setting():
     from archsweep.core.train.runinfo import compare_block, is_setting
 
