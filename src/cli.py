@@ -223,6 +223,7 @@ COMPARE_DOC = """Compare the runs of one or more sweeps (docs/training.md, Compa
     compare.py outputs/sweeps/<time>                       # table, plots, comparison.md in that directory
     compare.py sweep_a sweep_b --out reports/pos           # several sweeps as one grid
     compare.py outputs/sweeps/<time> --target "val/exact_match>=0.99" --sort test_long/exact_match
+    compare.py outputs/sweeps/<time> --tune optim.lr --baseline 'norm=pre'   # each cell at its best lr, tested
 
 Writes comparison.md, comparison.csv, comparison.json and PNG plots into the first directory (or --out), and
 prints the table and the runs it skipped, with the reason. Exits 2 on bad input.
@@ -249,6 +250,16 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "value of KEY (e.g. norm), through the best cell of each FLOP budget (experiment=scaling)")
     p.add_argument("--scaling-metric", default="val/loss", help="the final metric the --scaling fit uses "
                    "(default: val/loss)")
+    tune = p.add_mutually_exclusive_group()
+    tune.add_argument("--tune", metavar="KEY[,KEY]", help="keys tuned per cell rather than compared, e.g. optim.lr: "
+                      "each cell is shown at its best value on validation (default: the runs' compare.tune)")
+    tune.add_argument("--no-tune", action="store_true", help="tune nothing: a row per (cell, tuned value)")
+    p.add_argument("--baseline", metavar="SPEC", help="test every other cell against this one on the sort metric, "
+                   "e.g. 'norm=pre' (key=value pairs, space-separated; default: the runs' compare.baseline; 'none': "
+                   "no test)")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default: 0.05)")
+    p.add_argument("--detect", type=float, metavar="D", help="with a baseline: also the seeds per cell needed to "
+                   "detect a difference D of the sort metric with 80%% power")
     return p.parse_args(argv)
 
 
@@ -258,8 +269,9 @@ def compare_main(argv: list[str] | None = None) -> int:
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     try:
+        tune = [] if args.no_tune else [k.strip() for k in args.tune.split(",") if k.strip()] if args.tune else None
         report = compare(args.sweeps, args.out, args.target, args.sort, metrics, args.group_by, args.scaling,
-                         args.scaling_metric)
+                         args.scaling_metric, tune, args.baseline, args.alpha, args.detect)
         written = write(report, plots=not args.no_plots, length_metric=args.length_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -19,16 +19,24 @@ from archsweep.core.report.cells import (
     sort_cells,
     varying_keys,
 )
-from archsweep.core.report.plots import plot_by_context, plot_by_length, plot_loss, plot_loss_vs_flops
+from archsweep.core.report.plots import (
+    plot_by_context,
+    plot_by_length,
+    plot_loss,
+    plot_loss_vs_flops,
+    plot_sensitivity,
+)
 from archsweep.core.report.render import COUNTS, Report, csv_text, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 from archsweep.core.report.scaling import plot_scaling, scaling_fits
+from archsweep.core.report.significance import against_baseline, find_baseline
+from archsweep.core.report.tuning import resolve_tune, selection_metric, tune_cell
 
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
 FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          "loss": "comparison_val_loss.png", "length": "comparison_by_length.png",
          "context": "comparison_by_context.png", "flops": "comparison_val_loss_vs_flops.png",
-         "scaling": "comparison_scaling.png"}
+         "scaling": "comparison_scaling.png", "sensitivity": "comparison_sensitivity.png"}
 LENGTH_METRICS = ("exact_match", "acc")  # the metrics results.json's by_length holds per length
 
 
@@ -61,7 +69,14 @@ def swept_keys(run_dirs: list[Path], notes: list[str]) -> list[str]:
     return keys
 
 
-def choose_sort(expr: str | None, columns: list[str], available: list[str], has_target: bool) -> SortKey:
+def choose_sort(expr: str | None, columns: list[str], available: list[str], has_target: bool,
+                question: str | None = None, notes: list[str] | None = None) -> SortKey:
+    """--sort's column; without it the runs' compare.metric (question), else val/loss or the first column."""
+    if expr is None and question is not None:
+        if question in available:
+            return parse_sort(question, available)
+        if notes is not None:
+            notes.append(f"the runs' compare.metric={question} is not in their results; sorted by the default")
     if expr is None:
         default = next((k for k in ["val/loss", *columns] if k in available and k != "target"), None)
         return parse_sort(default, available) if default else SortKey("val/loss", True)
@@ -80,6 +95,20 @@ def run_notes(runs: list[Run], cells_of: dict[str, list[Run]]) -> list[str]:
             notes.append(f"cell {label}: seed {', '.join(map(str, twice))} has more than one completed run; "
                          "each counts as a seed")
     return notes
+
+
+def settings_of(runs: list[Run], notes: list[str]) -> dict:
+    """The runs' `compare:` block (results.json); when they disagree, a note and the first run's."""
+    blocks = [(r, r.results.compare) for r in runs if isinstance(r.results.compare, dict)]
+    if not blocks:
+        return {}
+    first_run, first = blocks[0]
+    other = next(((r, b) for r, b in blocks if b != first), None)
+    if other is not None:
+        notes.append(f"the runs disagree on their compare block: {first} ({first_run.run_dir.name}) but {other[1]} "
+                     f"({other[0].run_dir.name}); using the first (override with --tune/--no-tune, --baseline, "
+                     f"--sort)")
+    return first
 
 
 GROUP_BY = ("task",)
@@ -111,20 +140,28 @@ def sort_within_tasks(cells: list, order: SortKey) -> list:
 
 def compare(sources: list[str | Path], out: str | Path | None = None, target: str | None = None,
             sort: str | None = None, metrics: list[str] | None = None, group_by: str | None = None,
-            scaling: str | None = None, scaling_metric: str = "val/loss") -> Report:
+            scaling: str | None = None, scaling_metric: str = "val/loss", tune: list[str] | None = None,
+            baseline: str | None = None, alpha: float = 0.05, detect: float | None = None) -> Report:
     """Read the runs under `sources` and build the report (nothing written; see `write`). target: e.g.
     'val/exact_match>=0.9', None for that default when logged, 'none' for no target column. sort: a column,
     e.g. 'val/loss' (default) or 'test/acc:max'. metrics: final metrics to show instead of the default ones.
     group_by: 'task' ranks the cells within each task (runs of several tasks are refused without it).
     scaling: a varying key (e.g. norm) whose variants each get a power-law fit of `scaling_metric` against
-    training compute (core/report/scaling.py)."""
+    training compute (core/report/scaling.py). tune: keys tuned per cell, chosen on validation (None: the runs'
+    compare.tune; []: none, every (cell, value) a row). baseline: a cell spec, e.g. 'norm=pre', every other cell is
+    tested against on the sort metric (None: the runs' compare.baseline; 'none': no test); alpha: the significance
+    level; detect: a difference whose seeds per cell needed is reported. The runs' compare.metric is the default
+    sort."""
     paths = [Path(s) for s in sources]
     loaded = [load_run(d) for d in run_dirs(paths)]
     runs = [x for x in loaded if isinstance(x, Run)]
     skipped = [x for x in loaded if isinstance(x, Skipped)]
     notes: list[str] = []
     check_tasks(runs, group_by)
+    settings = settings_of(runs, notes)
     keys = varying_keys(runs, swept_keys([r.run_dir for r in runs], notes))
+    tuned = resolve_tune(tune, list(settings.get("tune") or []), keys, notes)
+    keys = [k for k in keys if k not in tuned]
     if group_by == "task" and "task" in keys:
         keys = ["task", *(k for k in keys if k != "task")]
     tgt = parse_target(target, runs)
@@ -133,19 +170,39 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     if bad:
         raise CompareError(f"--metrics {','.join(bad)}: not in the results; choose from {', '.join(available[:-1])}")
     columns = metric_columns(runs, metrics)
-    order = choose_sort(sort, columns, available, tgt is not None)
+    question = settings.get("metric") if sort is None else None
+    order = choose_sort(sort, columns, available, tgt is not None, question, notes)
+    asked = question is not None and order.key == question
     if order.key not in columns and order.key != "target" and order.key in available:
         columns.append(order.key)
     columns += [k for k in COUNTS if k in available and k not in columns]
     cells = group_cells(runs, keys)
+    selection = selection_metric(order, available) if tuned else None
     for cell in cells:
+        if selection is not None:
+            tune_cell(cell, tuned, selection)
         aggregate(cell, columns, tgt)
     notes += run_notes(runs, {c.label: c.runs for c in cells})
     out_dir = Path(out) if out is not None else paths[0]
     ordered = sort_within_tasks(cells, order) if group_by == "task" else sort_cells(cells, order)
     fits = scaling_fits(cells, scaling, keys, scaling_metric) if scaling is not None else []
-    return Report(paths, out_dir, keys, columns, ordered, tgt, order, skipped, notes, {}, scaling, fits,
-                  scaling_metric)
+    report = Report(paths, out_dir, keys, columns, ordered, tgt, order, skipped, notes, {}, scaling, fits,
+                    scaling_metric, tuned, selection, sort_source="the preset's question" if asked else "")
+    add_significance(report, baseline, settings.get("baseline"), alpha, detect)
+    return report
+
+
+def add_significance(report: Report, baseline: str | None, from_runs: str | None, alpha: float,
+                      detect: float | None) -> None:
+    """Every cell against the baseline (--baseline, else the runs' compare.baseline; 'none': no test)."""
+    spec, name = (baseline, "--baseline") if baseline is not None else (from_runs, "the runs' compare.baseline")
+    if spec is not None and spec.strip().lower() not in ("none", "off", ""):
+        base = find_baseline(spec, report.cells, report.keys, report.tuned, name)
+        report.significance = against_baseline(report.cells, base, report.sort, alpha, detect)
+    elif detect is not None:
+        example = report.cells[0].label if report.cells and report.keys else "norm=pre"
+        raise CompareError(f"--detect {detect:g} needs a baseline to test against: add --baseline, e.g. "
+                           f"--baseline '{example}'")
 
 
 def write(report: Report, plots: bool = True, length_metric: str = "exact_match") -> list[Path]:
@@ -161,6 +218,9 @@ def write(report: Report, plots: bool = True, length_metric: str = "exact_match"
                 f"{length_metric} by sequence length": plot_by_length(report.cells, d / FILES["length"],
                                                                        length_metric),
                 "perplexity by evaluation context": plot_by_context(report.cells, d / FILES["context"])}
+        if report.tuned:
+            made[f"{report.selection.key} against the tuned {', '.join(report.tuned)}"] = plot_sensitivity(
+                report.cells, report.tuned, report.selection, d / FILES["sensitivity"])
         if report.scaling:
             made["loss against compute"] = plot_scaling(report.scaling, report.scaling_key, report.scaling_metric,
                                                         d / FILES["scaling"])

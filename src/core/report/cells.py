@@ -8,9 +8,13 @@ import operator
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from archsweep.core.report.runs import CompareError, Run, ignored, key_of, lookup, metric, read_config
+
+if TYPE_CHECKING:
+    from archsweep.core.report.significance import Contrast
+    from archsweep.core.report.tuning import Tuning
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 LOWER_BETTER = ("loss", "ppl", "bpb", "params", "target")
@@ -126,6 +130,9 @@ class Cell:
     stats: dict[str, Stat] = field(default_factory=dict)
     target_steps: list[int | None] = field(default_factory=list)  # per completed run with metrics; None: never
     best: bool = False
+    tuning: Tuning | None = None  # tuned keys (tuning.py): the values tried, the one chosen (whose runs are `runs`)
+    others: list[Run] = field(default_factory=list)  # the runs at the tuned values not chosen
+    test: Contrast | None = None  # against the baseline (significance.py); None: no baseline, or this is it
 
     @property
     def label(self) -> str:
@@ -133,6 +140,10 @@ class Cell:
 
     def of(self, status: str) -> list[Run]:
         return [r for r in self.runs if r.status == status]
+
+    def every(self, status: str) -> list[Run]:
+        """Of all the cell's runs, at every tuned value."""
+        return [r for r in [*self.runs, *self.others] if r.status == status]
 
     @property
     def seeds(self) -> int:

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from archsweep.core.report.cells import Cell
-from archsweep.core.report.runs import Run, Series
+from archsweep.core.report.runs import Run, Series, metric
+from archsweep.core.report.tuning import Selection, as_number, order_key
 
 
 def mean_band(curves: list[dict[float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -74,9 +75,16 @@ def _axes(title: str, xlabel: str, ylabel: str, n_cells: int = 1) -> tuple[Any, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from cycler import cycler
 
     fig, ax = plt.subplots(figsize=(8, 5 if n_cells <= 20 else 6), dpi=110)
+    _style(ax, title, xlabel, ylabel, n_cells)
+    return fig, ax
+
+
+def _style(ax: Any, title: str, xlabel: str, ylabel: str, n_cells: int) -> None:
+    import matplotlib.pyplot as plt
+    from cycler import cycler
+
     if n_cells <= MANY:  # few: distinct colours
         ax.set_prop_cycle(cycler(color=plt.get_cmap("tab10").colors[:n_cells]))
     else:  # many: the legend's order (the table's, best first) runs dark to light, so rank reads off the colour
@@ -84,7 +92,6 @@ def _axes(title: str, xlabel: str, ylabel: str, n_cells: int = 1) -> tuple[Any, 
         ax.set_prop_cycle(cycler(color=colors))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
-    return fig, ax
 
 
 def _title(what: str, drawn: list[tuple[str, list]]) -> str:
@@ -200,3 +207,76 @@ def plot_by_context(cells: list[Cell], path: Path) -> Path | None:
     for length in sorted(trained):
         ax.axvline(length, color="grey", ls="--", lw=1, label=f"training context ({length})")
     return _save(fig, ax, path)
+
+
+def sensitivity(cell: Cell, key: str, metric_key: str) -> list[tuple[str, float, float, float]]:
+    """(value, mean, min, max) of the metric over the completed runs at each value of one tuned key, the other
+    tuned keys held at the cell's chosen values."""
+    tuning = cell.tuning
+    if tuning is None or tuning.chosen is None:
+        return []
+    rest = {k: v for k, v in tuning.chosen.values.items() if k != key}
+    out = []
+    for point in tuning.points:
+        if any(point.values[k] != v for k, v in rest.items()):
+            continue
+        values = [v for r in point.runs if r.status == "completed" and (v := metric(r, metric_key)) is not None
+                  and np.isfinite(v)]
+        if values:
+            out.append((point.values[key], float(np.mean(values)), min(values), max(values)))
+    return out
+
+
+def plot_sensitivity(cells: list[Cell], keys: list[str], selection: Selection, path: Path) -> Path | None:
+    """Per tuned key, the selection metric against the key's value, one line per cell (mean over seeds, bars from
+    the lowest to the highest seed), the chosen value starred: whether a cell wins by being better or by being
+    more forgiving of the value. Log axis when every value is a positive number. Points of different cells at one
+    value are spread a little sideways so their bars do not hide each other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = {k: [(c, pts) for c in cells if (pts := sensitivity(c, k, selection.key))] for k in keys}
+    if not any(drawn.values()):
+        return None
+    n = len(cells)
+    colors = plt.get_cmap("tab10").colors if n <= MANY else plt.get_cmap("viridis")(np.linspace(0.0, 0.92, n))
+    fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5 if n <= 20 else 6), dpi=110, squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        rows = drawn[key]
+        values = sorted({v for _, pts in rows for v, *_ in pts}, key=order_key)
+        numbers = [as_number(v) for v in values]
+        log = all(x is not None and x > 0 for x in numbers)
+        where = dict(zip(values, numbers if log or all(x is not None for x in numbers) else range(len(values)),
+                         strict=True))
+        held = [k for k in keys if k != key]
+        title = f"{selection.key} against {key}\n(mean over seeds, bars: lowest to highest seed; stars: chosen)"
+        title += f"\n{', '.join(held)} at each cell's chosen value" if held else ""
+        _style(ax, title, f"{key}" + (" (log scale)" if log else ""), f"{selection.key} (validation)", n)
+        if log:
+            ax.set_xscale("log")
+            ax.minorticks_off()
+        if len(values) <= 12:  # the values tried, as the runs wrote them (0.003, not 3x10^-3)
+            ax.set_xticks([where[v] for v in values], values)
+        for i, (cell, pts) in enumerate(rows):
+            shift = (i - (len(rows) - 1) / 2) * 0.012  # in decades on a log axis, else in units of the spacing
+            step = 1.0 if log else min(np.diff(sorted(where.values())), default=1.0)
+            x = [where[v] * 10**shift if log else where[v] + shift * step for v, *_ in pts]
+            mean = np.array([m for _, m, _, _ in pts])
+            bars = [mean - np.array([lo for *_, lo, _ in pts]), np.array([hi for *_, hi in pts]) - mean]
+            color = colors[[id(c) for c in cells].index(id(cell))]  # one colour per cell in every panel
+            line = ax.errorbar(x, mean, yerr=bars, marker="o", ms=4, capsize=3, lw=1.4, color=color,
+                               label=cell.label)[0]
+            chosen = cell.tuning.chosen.values[key]
+            at = [(xi, m) for xi, (v, m, _, _) in zip(x, pts, strict=True) if v == chosen]
+            if at:
+                ax.plot(*at[0], marker="*", ms=15, color=line.get_color(), mec="black", mew=0.8, zorder=5)
+    ax = axes[0][-1]
+    ax.plot([], [], ls="", marker="*", ms=12, color="white", mec="black", label="chosen (best on validation)")
+    entries = len(ax.get_legend_handles_labels()[1])
+    ax.legend(fontsize="small" if entries <= 16 else "x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0, ncol=1 if entries <= 16 else 2)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -15,6 +15,8 @@ from typing import Any
 from archsweep.core.report.cells import Cell, SortKey, Stat, Target
 from archsweep.core.report.runs import Run, Skipped
 from archsweep.core.report.scaling import Fit, fit_text
+from archsweep.core.report.significance import POWER, Contrast, Significance
+from archsweep.core.report.tuning import Selection, edge_lines
 
 # shown last, without a deviation: what each cell cost and what was held fixed (parameters, FLOPs)
 COUNTS = ("tokens_per_s", "mfu", "peak_memory_mib", "params", "flops_per_token", "total_flops")
@@ -40,9 +42,13 @@ class Report:
     scaling_key: str | None = None  # --scaling: the key whose variants get a power law of loss against compute
     scaling: list[Fit] = field(default_factory=list)
     scaling_metric: str = "val/loss"
+    tuned: list[str] = field(default_factory=list)  # keys tuned per cell (tuning.py)
+    selection: Selection | None = None  # the validation metric the tuned values are chosen on
+    significance: Significance | None = None  # --baseline: each other cell's Contrast is on the cell
+    sort_source: str = ""  # why this sort: "the preset's question" when it is the runs' compare.metric
 
     def runs(self, status: str) -> list[Run]:
-        return [r for c in self.cells for r in c.of(status)]
+        return [r for c in self.cells for r in c.every(status)]
 
 
 def num(v: float | None, whole: bool = False) -> str:
@@ -76,15 +82,61 @@ def table(report: Report) -> tuple[list[str], list[list[str]], list[bool]]:
     """Headers, rows of strings, and which columns are numeric (right-aligned)."""
     cols: list[tuple[str, Callable[[Cell], str], bool]] = [("best", lambda c: "*" if c.best else "", False)]
     cols += [(k, lambda c, k=k: c.values[k], False) for k in report.keys] or [("cell", lambda c: c.label, False)]
+    cols += [(k, lambda c, k=k: tuned_text(c, k), True) for k in report.tuned]
     cols.append(("seeds", lambda c: str(c.seeds), True))
     cols += [(k, lambda c, k=k: stat_text(c.stats[k]), True) for k in report.columns if k not in COUNTS]
     if report.target is not None:
         cols.append(("steps to target", target_text, True))
+    if report.significance is not None:
+        cols += significance_columns(report.significance)
     cols += [(HEADERS.get(k, k), lambda c, k=k: count_text(k, c.stats[k]), True)
              for k in sorted((k for k in report.columns if k in COUNTS), key=COUNTS.index)]
     cols += [("diverged", lambda c: str(len(c.of("diverged"))), True),
              ("failed", lambda c: str(len(c.of("failed"))), True)]
     return [h for h, _, _ in cols], [[f(c) for _, f, _ in cols] for c in report.cells], [r for _, _, r in cols]
+
+
+def tuned_text(cell: Cell, key: str) -> str:
+    """The chosen value of a tuned key, marked < or > at the low or high edge of the cell's grid, ? when fewer than 3
+    values were tried."""
+    tuning = cell.tuning
+    if tuning is None or tuning.chosen is None:
+        return "-"
+    mark = tuning.mark(key)
+    return tuning.chosen.values[key] + (f" {mark}" if mark else "")
+
+
+def signed(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+,.0f}" if abs(v) >= 1000 else f"{v:+.4f}"
+
+
+def p_text(p: float | None) -> str:
+    return "-" if p is None else f"{p:.3g}"
+
+
+def significance_columns(sig: Significance) -> list[tuple[str, Callable[[Cell], str], bool]]:
+    """Difference of means with its CI, the test, p, Holm's p, the verdict, the minimum detectable effect and
+    (--detect) the seeds needed; the baseline's row says so, a cell with one seed says "1 seed" in each."""
+
+    def col(head: str, text: Callable[[Contrast], str], right: bool = True) -> tuple[str, Callable[[Cell], str], bool]:
+        def show(cell: Cell) -> str:
+            if cell is sig.baseline:
+                return "baseline" if head.startswith("diff") else "-"
+            test = cell.test
+            return "-" if test is None else test.short or text(test)
+        return head, show, right
+
+    cols = [col(f"diff ({sig.confidence:.0%} CI)", lambda t: f"{signed(t.diff)} [{signed(t.low)}, {signed(t.high)}]"),
+            col("test", lambda t: "paired" if t.paired else "Welch", False),
+            col("p", lambda t: p_text(t.p)), col("p Holm", lambda t: p_text(t.p_holm)),
+            col("verdict", lambda t: t.verdict or "-", False),
+            col("MDE", lambda t: "-" if t.mde is None else f"{t.mde:.4g}")]
+    if sig.detect is not None:
+        cols.append(col(f"seeds for {sig.detect:g}", lambda t: "-" if t.seeds_needed is None else
+                        str(t.seeds_needed)))
+    return cols
 
 
 def text_table(report: Report) -> str:
@@ -121,11 +173,12 @@ def run_lists(report: Report, base: Path, md: bool) -> list[tuple[str, list[str]
 
     def named(cell: Cell, run: Run) -> str:
         seed = f"seed={run.values['seed']}" if "seed" in run.values else ""
-        return " ".join(x for x in (cell.label if report.keys else "", seed) if x)
+        tuned = " ".join(f"{k}={run.values[k]}" for k in report.tuned if k in run.values)
+        return " ".join(x for x in (cell.label if report.keys else "", tuned, seed) if x)
 
     failed = [line(r.run_dir, named(c, r), first_line(r.results.error)) for c in report.cells
-              for r in c.of("failed")]
-    diverged = [line(r.run_dir, named(c, r), divergence(r)) for c in report.cells for r in c.of("diverged")]
+              for r in c.every("failed")]
+    diverged = [line(r.run_dir, named(c, r), divergence(r)) for c in report.cells for r in c.every("diverged")]
     skipped = [line(s.run_dir, s.name, s.reason) for s in report.skipped]
     return [("Failed runs", failed), ("Diverged runs", diverged), ("Skipped runs", skipped), ("Notes", report.notes)]
 
@@ -145,12 +198,42 @@ def summary(report: Report) -> str:
     keys = ", ".join(report.keys) or "none (one cell)"
     lines = [f"{sum(n.values()) + len(report.skipped)} runs: {n['completed']} completed, {n['failed']} failed, "
              f"{n['diverged']} diverged, {len(report.skipped)} skipped. Cells by: {keys}.",
-             f"Mean +- standard deviation over each cell's completed runs; sorted by {report.sort}; * marks the best"
-             + (" (a tie)." if sum(c.best for c in report.cells) > 1 else ".")]
+             f"Mean +- standard deviation over each cell's completed runs; sorted by {sort_text(report)}; * marks "
+             "the best" + (" (a tie)." if sum(c.best for c in report.cells) > 1 else ".")]
+    if report.tuned and report.selection is not None:
+        lines.append(f"Tuned per cell: {', '.join(report.tuned)}. Each row is the cell's runs at the value with the "
+                     f"best mean {report.selection.key} over seeds ({report.selection.reason}; chosen on validation, "
+                     "never test); < or > marks a best value at the low or high edge of the values tried, ? fewer "
+                     "than 3 values tried.")
     if report.target is not None:
         lines.append(f"Steps to {report.target}: the first logged step where it holds, mean over the runs that "
                      "reached it; (k/n) when only k of n did.")
+    if report.significance is not None:
+        lines += significance_summary(report.significance, report.cells)
     return "\n".join(lines)
+
+
+def sort_text(report: Report) -> str:
+    if report.sort_source:
+        way = "lower" if report.sort.lower_better else "higher"
+        return f"{report.sort.key} ({report.sort_source}; {way} is better)"
+    return str(report.sort)
+
+
+def significance_summary(sig: Significance, cells: list[Cell]) -> list[str]:
+    tests = [c.test for c in cells if c.test is not None]
+    family = sum(t.p is not None for t in tests)
+    lines = [f"Against the baseline {sig.baseline.label} on {sig.metric.key}: the difference of means (cell - "
+             f"baseline) with its {sig.confidence:.0%} confidence interval; p from Welch's t-test, or the paired "
+             f"t-test where both cells ran the same seeds; Holm-adjusted across {family} "
+             f"comparison{'s' * (family != 1)}; the verdict at alpha={sig.alpha:g}. MDE: the smallest difference "
+             "these seeds detect with 80% power (two-sided t-test, noncentral t, pooled standard deviation)"
+             + (f"; seeds for {sig.detect:g}: the seeds per cell that detect a difference of {sig.detect:g}." if
+                sig.detect is not None else ".")]
+    if any(t.short == "1 seed" for t in tests) or (tests and sig.baseline.seeds < 2):
+        lines.append("Significance needs >= 2 seeds per cell (the baseline's included): rows marked '1 seed' have "
+                     "no test.")
+    return lines
 
 
 def scaling_lines(report: Report) -> list[str]:
@@ -162,6 +245,9 @@ def scaling_lines(report: Report) -> list[str]:
 
 def terminal(report: Report) -> str:
     out = [summary(report), "", text_table(report)]
+    edges = edge_lines(report.cells)
+    if edges:
+        out += ["", "Tuning grids:", *(f"  {x}" for x in edges)]
     if report.scaling:
         out += ["", *scaling_lines(report)]
     for title, lines in run_lists(report, Path.cwd(), md=False):
@@ -176,6 +262,9 @@ def markdown(report: Report) -> str:
     sources = ", ".join(f"`{s}`" for s in report.sources)
     out = [f"# Comparison: {title}", "", f"Sweeps: {sources}.", "", summary(report).replace("\n", "\n\n"), "",
            markdown_table(report), ""]
+    edges = edge_lines(report.cells)
+    if edges:
+        out += ["## Tuning grids", "", *(f"- {x}" for x in edges), ""]
     if report.scaling:
         lines = scaling_lines(report)
         out += ["## Scaling", "", lines[0], "", *(f"- {x.strip()}" for x in lines[1:]), ""]
@@ -191,13 +280,37 @@ def csv_text(report: Report) -> str:
     writer = csv.writer(buf)
     stats = [f"{k}_{s}" for k in report.columns for s in ("mean", "std")]
     target = ["target_steps_mean", "target_steps_std", "target_reached", "target_runs"] if report.target else []
-    writer.writerow(["best", *report.keys, "seeds", *stats, *target, "diverged", "failed"])
+    tuned = [x for k in report.tuned for x in (k, f"{k}_edge")]
+    sig = report.significance
+    tests = ["diff", "ci_low", "ci_high", "test", "p", "p_holm", "verdict", "mde"] if sig else []
+    tests += ["seeds_needed"] if sig and sig.detect is not None else []
+    writer.writerow(["best", *report.keys, *tuned, "seeds", *stats, *target, *tests, "diverged", "failed"])
     for c in report.cells:
         st = [x for k in report.columns for x in (c.stats[k].mean, c.stats[k].std)]
         tg = [*_mean_std(c.reached()), len(c.reached()), len(c.target_steps)] if report.target else []
-        writer.writerow([int(c.best), *(c.values[k] for k in report.keys), c.seeds, *st, *tg,
+        tu = [x for k in report.tuned for x in tuned_csv(c, k)]
+        te = test_csv(c, sig)[:len(tests)] if sig else []
+        writer.writerow([int(c.best), *(c.values[k] for k in report.keys), *tu, c.seeds, *st, *tg, *te,
                          len(c.of("diverged")), len(c.of("failed"))])
     return buf.getvalue()
+
+
+def tuned_csv(cell: Cell, key: str) -> tuple[str, str]:
+    """The chosen value and its edge (low, high, small: fewer than 3 values tried; empty inside the grid)."""
+    tuning = cell.tuning
+    if tuning is None or tuning.chosen is None:
+        return "", ""
+    return tuning.chosen.values[key], tuning.edges.get(key, "")
+
+
+def test_csv(cell: Cell, sig: Significance) -> list[Any]:
+    if cell is sig.baseline:
+        return ["", "", "", "", "", "", "baseline", "", ""]
+    t = cell.test
+    if t is None or t.short is not None:
+        return ["", "", "", "", "", "", t.short if t else "", "", ""]
+    return [t.diff, t.low, t.high, "paired" if t.paired else "welch", t.p, t.p_holm, t.verdict, t.mde,
+            t.seeds_needed]
 
 
 def _mean_std(values: list[int]) -> tuple[float | None, float | None]:
@@ -209,10 +322,16 @@ def json_text(report: Report) -> str:
     cells = [{"cell": c.values, "best": c.best, "seeds": c.seeds, "diverged": len(c.of("diverged")),
               "failed": len(c.of("failed")), "target_steps": c.target_steps,
               "stats": {k: vars(c.stats[k]) for k in report.columns},
-              "runs": [{"run_dir": str(r.run_dir), "status": r.status, "seed": r.values.get("seed")} for r in c.runs]}
+              "runs": [{"run_dir": str(r.run_dir), "status": r.status, "seed": r.values.get("seed")} for r in c.runs],
+              "tuned": tuned_json(c), "significance": test_json(c, report.significance)}
              for c in report.cells]
     data = {"sources": [str(s) for s in report.sources], "keys": report.keys, "columns": report.columns,
-            "target": str(report.target) if report.target else None, "sort": vars(report.sort), "cells": cells,
+            "target": str(report.target) if report.target else None, "sort": vars(report.sort),
+            "sort_source": report.sort_source or None,
+            "tuning": {"keys": report.tuned, "metric": report.selection.key, "why": report.selection.reason}
+            if report.tuned and report.selection else None,
+            "significance": significance_json(report.significance),
+            "cells": cells,
             "failed": [{"run_dir": str(r.run_dir), "error": r.results.error} for r in report.runs("failed")],
             "diverged": [{"run_dir": str(r.run_dir), **(r.results.diverged or {})}
                          for r in report.runs("diverged")],
@@ -221,6 +340,30 @@ def json_text(report: Report) -> str:
             "scaling": {"key": report.scaling_key, "fits": [vars(f) for f in report.scaling]} if report.scaling
             else None}
     return json.dumps(strict(data), indent=2, allow_nan=False)
+
+
+def significance_json(sig: Significance | None) -> dict[str, Any] | None:
+    if sig is None:
+        return None
+    return {"baseline": sig.baseline.values, "metric": vars(sig.metric), "alpha": sig.alpha,
+            "confidence": sig.confidence, "detect": sig.detect, "power": POWER}
+
+
+def tuned_json(cell: Cell) -> dict[str, Any] | None:
+    tuning = cell.tuning
+    if tuning is None:
+        return None
+    return {"chosen": tuning.chosen.values if tuning.chosen else None, "edges": tuning.edges,
+            "grid": [{"values": p.values, "selection": vars(p.stat),
+                      "runs": [str(r.run_dir) for r in p.runs]} for p in tuning.points]}
+
+
+def test_json(cell: Cell, sig: Significance | None) -> dict[str, Any] | None:
+    if sig is None:
+        return None
+    if cell is sig.baseline:
+        return {"baseline": True}
+    return {"baseline": False, **vars(cell.test)} if cell.test is not None else None
 
 
 def strict(x: Any) -> Any:

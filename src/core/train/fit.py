@@ -42,7 +42,7 @@ from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.results import RESULTS, Results
-from archsweep.core.train.runinfo import RunInfo, wandb_config
+from archsweep.core.train.runinfo import RunInfo, compare_block, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.summary import family, summary_line, validation_keys
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
@@ -338,7 +338,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             **compute.summary(progress.train_s, trainer.world_size),  # FLOPs, mfu, mfu_estimate, peak_*
             peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, fit_time_s=fit_s,
             wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
-            world_size=trainer.world_size)
+            world_size=trainer.world_size, compare=compare_block(cfg))
         done.write(info.run_dir / RESULTS)
         results = done.to_dict()
         log.info(summary_line(setup.task, results, info.run_dir / RESULTS))

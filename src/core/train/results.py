@@ -16,7 +16,7 @@ from typing import Any
 RESULTS = "results.json"
 VERSION = 2
 STATUSES = ("completed", "failed", "diverged", "interrupted")
-OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context")  # JSON objects, or null
+OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context", "compare")  # JSON objects, or null
 
 
 @dataclass
@@ -56,6 +56,7 @@ class Results:
     wall_time_s: float | None = None
     time_to_first_step_s: float | None = None
     world_size: int | None = None
+    compare: dict[str, Any] | None = None  # the config's `compare:` block {tune, baseline, metric}: how to read a sweep
     version: int = VERSION
 
     def __post_init__(self) -> None:

@@ -10,8 +10,9 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.data.tasks.base import Task
 
@@ -116,9 +117,28 @@ def precision_known(cfg: DictConfig, task: Task) -> None:
                          f"(e.g. trainer.precision=bf16-mixed on a GPU)")
 
 
+def config_groups() -> set[str]:
+    """The config groups (conf/ and the folders of $ARCHSWEEP_CONFIG_PATH): norm, pos, optim, ..."""
+    from archsweep import conf_dir
+    from archsweep.core.data.tasks.known import EXTRA_CONF_ENV
+
+    folders = [conf_dir(), *(Path(f) for f in os.environ.get(EXTRA_CONF_ENV, "").split(os.pathsep) if f)]
+    return {g.name for folder in folders if folder.is_dir() for g in folder.iterdir() if g.is_dir()}
+
+
+def tuned_keys_exist(cfg: DictConfig, task: Task) -> None:
+    """compare.tune names keys of this config, or groups (a typo would make compare.py refuse the sweep after it
+    ran)."""
+    missing = object()
+    for key in (cfg.get("compare") or {}).get("tune") or []:
+        if OmegaConf.select(cfg, key, default=missing) is missing and key not in config_groups():
+            raise ValueError(f"compare.tune names {key}, which this config does not have; give a key it sets, e.g. "
+                             f"compare.tune=[optim.lr] (python train.py --cfg job shows the keys)")
+
+
 Rule = Callable[[DictConfig, Task], None]
 RULES: tuple[Rule, ...] = (accelerator_present, warmup_within_training, decay_after_warmup, ddp_validation_batches,
-                           context_lengths_need_text)
+                           context_lengths_need_text, tuned_keys_exist)
 AFTER_IMPORTS: tuple[Rule, ...] = (precision_known,)  # need Lightning: run by job.py after the heavy imports
 
 

@@ -12,10 +12,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-# keys that say where or how a run is logged or executed, not what is trained: left out of run names, of the
-# settings a sweep re-run compares, and of compare.py's cells
+# keys that say where or how a run is logged or executed, or how its sweep is read (compare), not what is trained:
+# left out of run names, of the settings a sweep re-run compares, and of compare.py's cells
 SETTINGS = ("ckpt_path", "resume", "output_root", "overwrite", "logger", "hydra", "threads", "trace_shapes",
-            "data_dir")
+            "data_dir", "compare")
 
 
 def override_key(override: str) -> str:
@@ -24,6 +24,11 @@ def override_key(override: str) -> str:
 
 def is_setting(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") or key.startswith(k + "/") for k in SETTINGS)
+
+
+def compare_block(cfg: DictConfig) -> dict[str, Any] | None:
+    """The config's `compare:` block as results.json records it (compare.py reads it from the runs)."""
+    return OmegaConf.to_container(cfg.compare, resolve=True) if cfg.get("compare") is not None else None
 
 
 @dataclass

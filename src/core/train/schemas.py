@@ -16,6 +16,7 @@ Lightning or wandb.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,6 +275,33 @@ class RunSchema:
                                                 "val/exact_match")
 
 
+DOTTED_KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$")  # optim.lr, model.n_layers, norm
+METRIC_NAME = re.compile(r"^\w+/\w+$")  # split/name: val/loss, test_long/exact_match
+CELL_SPEC = re.compile(r"^\s*[A-Za-z_][\w.-]*=\S+(\s+[A-Za-z_][\w.-]*=\S+)*\s*$")  # norm=pre model.n_layers=6
+
+
+@dataclass
+class CompareSchema:
+    """train.yaml's `compare:` block: how compare.py reads a sweep of this config (docs/comparing.md). Recorded in
+    results.json; compare.py's --tune, --no-tune, --baseline and --sort override it."""
+
+    tune: list[str] = field(default_factory=list)  # keys tuned per cell rather than compared, e.g. [optim.lr]
+    baseline: str | None = None  # the cell the others are tested against, e.g. "norm=pre"
+    metric: str | None = None  # the metric that answers the question (split/name); null: compare.py's default
+
+    def __post_init__(self) -> None:
+        for key in self.tune:
+            if not DOTTED_KEY.match(key) or key == "seed" or key.split(".")[0] == "compare":
+                refuse("compare.tune", self.tune, f"names {key!r}, which is not a config key to tune; give dotted "
+                                                  f"keys, e.g. compare.tune=[optim.lr]")
+        if self.metric is not None and not METRIC_NAME.match(self.metric):
+            refuse("compare.metric", self.metric, "must name a results.json metric as split/name, e.g. "
+                                                  "test_long/acc or val/loss, or be null (compare.py's default)")
+        if self.baseline is not None and not CELL_SPEC.match(self.baseline):
+            refuse("compare.baseline", self.baseline, "must be a cell as key=value pairs separated by spaces, e.g. "
+                                                      "compare.baseline='norm=pre', or null")
+
+
 SCHEMAS: dict[str, type] = {  # ConfigStore name -> schema; an option yaml names its own in its defaults list
     "schema_optim_adamw": AdamWSchema,
     "schema_optim_muon": MuonSchema,
@@ -284,8 +312,9 @@ SCHEMAS: dict[str, type] = {  # ConfigStore name -> schema; an option yaml names
     "schema_diagnostics": DiagnosticsConfig,
     "schema_budget": BudgetSchema,
     "schema_eval": EvalSchema,
+    "schema_compare": CompareSchema,
 }
-GROUPS = ("optim", "schedule", "trainer", "decoding", "diagnostics", "budget", "eval")  # typed nodes of train.yaml
+GROUPS = ("optim", "schedule", "trainer", "decoding", "diagnostics", "budget", "eval", "compare")  # typed nodes
 
 
 def register() -> None:
@@ -324,8 +353,9 @@ def typed(node: Any, key: str, schema: type | None = None) -> Any:
         raise ValueError(f"{where}: {str(e.msg).splitlines()[0]}") from None
 
 
+# groups whose every option has this schema
 ONE_SCHEMA = {"trainer": TrainerSchema, "decoding": DecodingConfig, "diagnostics": DiagnosticsConfig,
-              "budget": BudgetSchema, "eval": EvalSchema}  # groups whose every option has this schema
+              "budget": BudgetSchema, "eval": EvalSchema, "compare": CompareSchema}
 
 
 def check_schemas(cfg: DictConfig) -> Checked:

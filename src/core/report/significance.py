@@ -1,0 +1,248 @@
+"""Each cell against a baseline cell on the sort metric (docs/comparing.md): the difference of means with its
+confidence interval and a p-value from Welch's t-test, or the paired t-test when both cells ran the same seeds
+(scipy.stats), Holm's correction across the table's comparisons, a verdict, and the power side: the smallest
+difference the seeds at hand detect with 80% power, and the seeds per cell a given difference needs. Power is
+the two-sided t-test's exact power from the noncentral t distribution, with the pooled standard deviation (of the
+per-seed differences when paired)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scipy import optimize, stats
+
+from archsweep.core.report.cells import Cell, SortKey
+from archsweep.core.report.runs import CompareError, canon, metric
+
+POWER = 0.8
+MAX_SEEDS = 2**20  # seeds_needed gives up (None) beyond this
+
+
+@dataclass
+class Diff:
+    """Mean of a minus mean of b, the confidence interval of that difference, the two-sided p-value."""
+
+    diff: float
+    low: float
+    high: float
+    p: float
+
+
+def quiet(test: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """scipy warns of precision loss when a cell's values (nearly) coincide; the numbers say it (a tiny or nan p)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return test(*args, **kwargs)
+
+
+def welch(a: list[float], b: list[float], confidence: float = 0.95) -> Diff:
+    result = quiet(stats.ttest_ind, a, b, equal_var=False)
+    ci = result.confidence_interval(confidence)
+    return Diff(statistics.fmean(a) - statistics.fmean(b), float(ci.low), float(ci.high), float(result.pvalue))
+
+
+def paired(a: list[float], b: list[float], confidence: float = 0.95) -> Diff:
+    """a[i] and b[i] ran the same seed."""
+    result = quiet(stats.ttest_rel, a, b)
+    ci = result.confidence_interval(confidence)
+    return Diff(statistics.fmean(a) - statistics.fmean(b), float(ci.low), float(ci.high), float(result.pvalue))
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment: the i-th smallest of m p-values times (m - i + 1), made non-decreasing in that
+    order and capped at 1; reject where the adjusted value is below alpha (family-wise error at most alpha)."""
+    m, running = len(ps), 0.0
+    adjusted = [0.0] * m
+    for rank, i in enumerate(sorted(range(m), key=ps.__getitem__)):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def design(sd: float, n_a: int, n_b: int, is_paired: bool) -> tuple[float, int]:
+    """The standard error of the difference and the t-test's degrees of freedom (sd: pooled, or of the per-seed
+    differences when paired, n_a = n_b pairs)."""
+    if is_paired:
+        return sd / math.sqrt(n_a), n_a - 1
+    return sd * math.sqrt(1 / n_a + 1 / n_b), n_a + n_b - 2
+
+
+def power(effect: float, se: float, df: int, alpha: float) -> float:
+    """Probability that the two-sided t-test at alpha rejects when the true difference is `effect`."""
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    nc = effect / se
+    upper, lower = float(stats.nct.sf(crit, df, nc)), float(stats.nct.cdf(-crit, df, nc))
+    # scipy's noncentral t can return nan far in a tail (df=1, large nc): there the tail's probability is ~0 or ~1
+    upper = upper if math.isfinite(upper) else float(nc > crit)
+    lower = lower if math.isfinite(lower) else float(-nc > crit)
+    return upper + lower
+
+
+def min_detectable(sd: float, n_a: int, n_b: int, alpha: float, is_paired: bool) -> float:
+    """The difference detected with 80% power at these seeds."""
+    if sd == 0:
+        return 0.0
+    se, df = design(sd, n_a, n_b, is_paired)
+    short = lambda d: power(d, se, df, alpha) - POWER
+    high = se
+    while short(high) < 0:
+        high *= 2
+    return float(optimize.brentq(short, 0.0, high))
+
+
+def seeds_needed(effect: float, sd: float, alpha: float, is_paired: bool) -> int | None:
+    """The fewest seeds per cell (>= 2) that detect a difference `effect` with 80% power; None beyond MAX_SEEDS."""
+    if sd == 0:
+        return 2
+    enough = lambda n: power(abs(effect), *design(sd, n, n, is_paired), alpha) >= POWER
+    high = 2
+    while not enough(high):
+        if high >= MAX_SEEDS:
+            return None
+        high *= 2
+    low = max(2, high // 2)
+    if enough(low):
+        return low
+    while high - low > 1:  # enough(high), not enough(low)
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
+
+
+def pooled_sd(a: list[float], b: list[float]) -> float:
+    return math.sqrt(((len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b))
+                     / (len(a) + len(b) - 2))
+
+
+@dataclass
+class Contrast:
+    """One cell against the baseline; numbers None where not computable (`short` says why: '1 seed')."""
+
+    n: int
+    n_base: int
+    paired: bool = False
+    diff: float | None = None  # cell mean - baseline mean
+    low: float | None = None
+    high: float | None = None
+    p: float | None = None
+    p_holm: float | None = None
+    verdict: str | None = None
+    mde: float | None = None  # minimum detectable effect at these seeds (80% power)
+    seeds_needed: int | None = None  # per cell, to detect --detect D
+    short: str | None = None
+
+
+def samples(cell: Cell, key: str) -> list[tuple[Any, float]]:
+    """(seed, value) of the cell's completed runs that have a finite value."""
+    out = []
+    for run in cell.of("completed"):
+        value = metric(run, key)
+        if value is not None and math.isfinite(value):
+            out.append((run.values.get("seed"), value))
+    return out
+
+
+def against(cell: list[tuple[Any, float]], base: list[tuple[Any, float]], confidence: float, alpha: float,
+              detect: float | None) -> Contrast:
+    a, b = [v for _, v in cell], [v for _, v in base]
+    test = Contrast(len(a), len(b))
+    if len(a) < 2 or len(b) < 2:
+        test.short = "no runs" if not a or not b else "1 seed"
+        return test
+    seeds = [s for s, _ in cell]
+    test.paired = (None not in seeds and len(set(seeds)) == len(seeds)
+                   and sorted(seeds) == sorted(s for s, _ in base))
+    if test.paired:
+        by_seed = dict(base)
+        a, b = [v for _, v in cell], [by_seed[s] for s in seeds]
+        d = paired(a, b, confidence)
+        sd = statistics.stdev([x - y for x, y in zip(a, b, strict=True)])
+    else:
+        d = welch(a, b, confidence)
+        sd = pooled_sd(a, b)
+    test.diff, test.low, test.high = d.diff, d.low, d.high
+    test.p = d.p if math.isfinite(d.p) else None  # nan: no spread in either cell and equal means
+    test.mde = min_detectable(sd, len(a), len(b), alpha, test.paired)
+    if detect is not None:
+        test.seeds_needed = seeds_needed(detect, sd, alpha, test.paired)
+    return test
+
+
+@dataclass
+class Significance:
+    baseline: Cell
+    metric: SortKey
+    alpha: float
+    detect: float | None
+
+    @property
+    def confidence(self) -> float:
+        return 1 - self.alpha
+
+
+def parse_baseline(spec: str, keys: list[str], tuned: list[str], name: str = "--baseline") -> dict[str, str]:
+    """{key: value} of a cell spec such as 'norm=pre model.n_layers=6'; name: where the spec came from."""
+    pairs = spec.split()
+    if not pairs or not all("=" in p and p.split("=", 1)[0] and p.split("=", 1)[1] for p in pairs):
+        raise CompareError(f"{name} {spec!r}: give the baseline cell as key=value pairs separated by spaces, "
+                           f"e.g. --baseline 'norm=pre'")
+    wanted = {p.split("=", 1)[0]: canon(p.split("=", 1)[1]) for p in pairs}
+    for key in wanted:
+        if key in tuned:
+            raise CompareError(f"{name} {spec!r}: {key} is tuned per cell, not compared; name the baseline by "
+                               f"the compared keys ({', '.join(keys) or 'none'}), or add --no-tune")
+        if key not in keys:
+            raise CompareError(f"{name} {spec!r}: {key} is not a key the cells differ by; choose from "
+                               f"{', '.join(keys) or '(none: there is one cell)'}")
+    return wanted
+
+
+def find_baseline(spec: str, cells: list[Cell], keys: list[str], tuned: list[str], name: str = "--baseline") -> Cell:
+    """The one cell whose values match the spec; CompareError naming the cells when none or several do."""
+    wanted = parse_baseline(spec, keys, tuned, name)
+    found = [c for c in cells if all(c.values[k] == v for k, v in wanted.items())]
+    labels = ", ".join(c.label for c in cells)
+    if not found:
+        raise CompareError(f"{name} {spec!r} matches none of the cells: {labels}; give one of them with "
+                           f"--baseline, or --baseline none for no test")
+    if len(found) > 1:
+        raise CompareError(f"{name} {spec!r} matches {len(found)} cells ({', '.join(c.label for c in found)}); "
+                           f"name one by adding keys, e.g. --baseline {found[0].label!r}")
+    return found[0]
+
+
+def against_baseline(cells: list[Cell], baseline: Cell, order: SortKey, alpha: float,
+                     detect: float | None) -> Significance:
+    """Every other cell's Contrast against `baseline` on the sort metric (stored on the cell), Holm-adjusted across
+    the cells that have a p-value, with a verdict."""
+    if order.key == "target":
+        raise CompareError("--baseline tests a final metric; --sort target (steps to a target) is not one: sort by a "
+                           "metric, e.g. --sort val/loss")
+    if not 0 < alpha < 1:
+        raise CompareError(f"--alpha {alpha:g}: give a significance level between 0 and 1, e.g. --alpha 0.05")
+    if detect is not None and not detect > 0:
+        raise CompareError(f"--detect {detect:g}: give the difference to detect as a positive number in the units "
+                           f"of {order.key}, e.g. --detect 0.01")
+    sig = Significance(baseline, order, alpha, detect)
+    base = samples(baseline, order.key)
+    tested = [c for c in cells if c is not baseline]
+    for cell in tested:
+        cell.test = against(samples(cell, order.key), base, sig.confidence, alpha, detect)
+    with_p = [c.test for c in tested if c.test is not None and c.test.p is not None]
+    for test, adjusted in zip(with_p, holm([t.p for t in with_p]), strict=True):
+        test.p_holm = adjusted
+    for cell in tested:
+        test = cell.test
+        if test is None or test.short is not None:
+            continue
+        if test.p_holm is not None and test.p_holm < alpha and test.diff:
+            better = (test.diff < 0) == order.lower_better
+            test.verdict = "better" if better else "worse"
+        else:
+            test.verdict = f"no detectable difference at alpha={alpha:g}"
+    return sig

@@ -1,0 +1,408 @@
+"""compare.py's tuned comparisons and significance against a baseline (docs/comparing.md): the statistics against
+hand computations on fixed samples, the choice of a tuned value on validation only, the grid-edge warning, one
+seed per cell, the baseline spec, the runs' compare block (train.yaml) and its refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from scipy import stats
+from test_compare import done, write_run
+
+from archsweep.core.report import CompareError, compare, terminal, write
+from archsweep.core.report.significance import holm, min_detectable, paired, power, seeds_needed, welch
+from archsweep.core.train.schemas import check_schemas
+
+ROOT = Path(__file__).resolve().parents[1]
+A = [1.02, 1.10, 0.95, 1.07, 0.99]
+B = [1.21, 1.15, 1.30, 1.18]
+
+
+def test_welch_matches_the_hand_computation():
+    va, vb = statistics.variance(A) / len(A), statistics.variance(B) / len(B)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(A) - 1) + vb**2 / (len(B) - 1))  # Welch-Satterthwaite
+    diff = statistics.fmean(A) - statistics.fmean(B)
+    half = stats.t.ppf(0.975, df) * se
+    got = welch(A, B)
+    assert got.diff == pytest.approx(diff)
+    assert got.p == pytest.approx(2 * stats.t.sf(abs(diff / se), df))
+    assert (got.low, got.high) == (pytest.approx(diff - half), pytest.approx(diff + half))
+    assert welch(A, B, 0.9).high - welch(A, B, 0.9).low < got.high - got.low  # a narrower interval at 90%
+
+
+def test_paired_matches_the_hand_computation():
+    b = [1.05, 1.16, 0.97, 1.12, 1.00]  # the same seeds as A: each a little worse
+    d = [x - y for x, y in zip(A, b, strict=True)]
+    se = statistics.stdev(d) / math.sqrt(len(d))
+    half = stats.t.ppf(0.975, len(d) - 1) * se
+    got = paired(A, b)
+    assert got.diff == pytest.approx(statistics.fmean(d))
+    assert got.p == pytest.approx(2 * stats.t.sf(abs(statistics.fmean(d) / se), len(d) - 1))
+    assert (got.low, got.high) == (pytest.approx(statistics.fmean(d) - half), pytest.approx(statistics.fmean(d) + half))
+    assert got.p < welch(A, b).p  # pairing removes the seed-to-seed spread
+
+
+def test_holm_by_hand():
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> raised to 0.06 (monotone)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.02]) == pytest.approx([0.02])
+
+
+def test_power_minimum_detectable_effect_and_seeds_needed():
+    # the textbook figures of the two-sample t-test at alpha 0.05, 80% power: 17 per group for an effect of one
+    # standard deviation, 64 for half of one
+    assert seeds_needed(1.0, 1.0, 0.05, False) == 17 and seeds_needed(0.5, 1.0, 0.05, False) == 64
+    assert power(1.0, math.sqrt(2 / 16), 30, 0.05) < 0.8 <= power(1.0, math.sqrt(2 / 17), 32, 0.05)
+    mde = min_detectable(0.3, 5, 5, 0.05, False)
+    assert power(mde, 0.3 * math.sqrt(2 / 5), 8, 0.05) == pytest.approx(0.8, abs=1e-6)
+    # many seeds: the normal approximation (z_0.975 + z_0.8) * se
+    se = 0.3 * math.sqrt(2 / 400)
+    assert min_detectable(0.3, 400, 400, 0.05, False) == pytest.approx(
+        (stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * se, rel=0.01)
+    assert min_detectable(0.3, 3, 3, 0.05, True) > 0 and seeds_needed(0.1, 0.0, 0.05, False) == 2
+
+
+LRS = ("0.001", "0.003", "0.01")
+
+
+def tuned_sweep(tmp_path: Path, val: dict[str, dict[str, float]], test: dict[str, dict[str, float]] | None = None,
+                seeds=(0, 1), compare_block: dict | None = None, extra: list[str] = ()) -> Path:
+    """norm x optim.lr x seed; val[norm][lr] the validation loss (seed 1 is +0.01), test[norm][lr] the test loss
+    (default: equal to validation)."""
+    s = tmp_path / "sweep"
+    i = 0
+    for norm, by_lr in val.items():
+        for lr, loss in by_lr.items():
+            for seed in seeds:
+                tl = (test or val)[norm][lr] + 0.01 * seed
+                results = {**done(loss + 0.01 * seed, 0.5, 0.5, seed=seed), "test": {"loss": tl, "exact_match": 0.5}}
+                if compare_block is not None:
+                    results["compare"] = compare_block
+                write_run(s / str(i), [f"norm={norm}", f"optim.lr={lr}", f"seed={seed}", *extra], results)
+                i += 1
+    return s
+
+
+def by_label(report) -> dict:
+    return {c.label: c for c in report.cells}
+
+
+def row_of(text: str, value: str) -> str:
+    """The table row whose first cell key has this value (after the best column's * if any)."""
+    return next(line for line in text.splitlines() if value in line.split()[:2])
+
+
+def test_the_tuned_value_is_chosen_on_validation_never_test(tmp_path):
+    val = {"pre": {"0.001": 1.3, "0.003": 1.0, "0.01": 1.2}, "post": {"0.001": 1.1, "0.003": 1.4, "0.01": 1.5}}
+    test = {"pre": {"0.001": 0.5, "0.003": 2.0, "0.01": 0.6}, "post": {"0.001": 2.0, "0.003": 0.4, "0.01": 0.3}}
+    s = tuned_sweep(tmp_path, val, test)
+    report = compare([s], sort="test/loss", tune=["optim.lr"])
+    assert report.keys == ["norm"] and report.tuned == ["optim.lr"] and report.selection.key == "val/loss"
+    cells = by_label(report)
+    assert cells["norm=pre"].tuning.chosen.values == {"optim.lr": "0.003"}  # val's best; test's best is 0.001
+    assert cells["norm=post"].tuning.chosen.values == {"optim.lr": "0.001"}  # test's best is 0.01
+    pre = cells["norm=pre"]
+    assert pre.seeds == 2 and pre.stats["test/loss"].mean == pytest.approx(2.005)  # the chosen value's runs
+    assert {r.values["optim.lr"] for r in pre.runs} == {"0.003"} and len(pre.others) == 4
+    assert "validation split of the sort metric test/loss" in terminal(report)
+
+
+def test_the_selection_metric_is_the_sort_metric_on_validation(tmp_path):
+    s = tuned_sweep(tmp_path, {"pre": dict.fromkeys(LRS, 1.0)})
+    report = compare([s], sort="test/exact_match", tune=["optim.lr"])
+    assert report.selection.key == "val/exact_match" and not report.selection.sort.lower_better
+    assert compare([s], sort="tokens_per_s", tune=["optim.lr"]).selection.key == "val/loss"
+
+
+@pytest.mark.parametrize("losses, mark, line", [
+    ((1.0, 1.2, 1.4), "<", "best optim.lr 0.001 is the smallest tried; extend the grid downward"),
+    ((1.4, 1.2, 1.0), ">", "best optim.lr 0.01 is the largest tried; extend the grid upward"),
+    ((1.2, 1.0, 1.4), "", None),
+])
+def test_the_edge_warning_fires_exactly_at_the_grid_edges(tmp_path, losses, mark, line):
+    s = tuned_sweep(tmp_path, {"pre": dict(zip(LRS, losses, strict=True)),
+                               "post": {"0.001": 1.5, "0.003": 1.3, "0.01": 1.6}})
+    report = compare([s], tune=["optim.lr"], out=tmp_path / "out")
+    pre, post = by_label(report)["norm=pre"], by_label(report)["norm=post"]
+    assert pre.tuning.mark("optim.lr") == mark and post.tuning.mark("optim.lr") == ""
+    text = terminal(report)
+    assert "norm=post" not in text.split("Tuning grids:")[-1] if line else "Tuning grids:" not in text
+    words = row_of(text, "pre").split()
+    after = words[words.index("pre") + 1:][:2]  # the optim.lr column: the value, then its mark if any
+    assert after == [pre.tuning.chosen.values["optim.lr"], mark or "2"]  # no mark: the seeds column follows
+    write(report, plots=False)
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    if line:
+        assert f"cell norm=pre: {line}" in text and f"- cell norm=pre: {line}" in md
+    else:
+        assert "## Tuning grids" not in md
+
+
+def test_an_interior_best_of_four_values_and_a_grid_of_two(tmp_path):
+    s = tuned_sweep(tmp_path, {"pre": {"0.001": 1.3, "0.003": 1.0, "0.01": 1.1, "0.03": 1.2},
+                               "post": {"0.001": 1.3, "0.003": 1.0}})
+    report = compare([s], tune=["optim.lr"])
+    assert by_label(report)["norm=pre"].tuning.edges == {}
+    assert by_label(report)["norm=post"].tuning.mark("optim.lr") == "?"
+    assert "cell norm=post: optim.lr tried at 2 values only (0.001, 0.003): too few to tell" in terminal(report)
+
+
+def test_no_tune_keeps_a_row_per_cell_and_value_and_the_runs_block_is_the_default(tmp_path):
+    block = {"tune": ["optim.lr"], "baseline": "norm=pre", "metric": None}
+    s = tuned_sweep(tmp_path, {"pre": dict(zip(LRS, (1.0, 1.1, 1.2), strict=True)),
+                               "post": dict(zip(LRS, (1.3, 1.1, 1.2), strict=True))}, compare_block=block)
+    report = compare([s])
+    assert report.tuned == ["optim.lr"] and len(report.cells) == 2 and report.significance is not None
+    untuned = compare([s], tune=[], baseline="none")
+    assert untuned.keys == ["norm", "optim.lr"] and len(untuned.cells) == 6 and untuned.significance is None
+    with pytest.raises(CompareError, match=r"--tune model.d_model: not a key that varies .*norm, optim.lr"):
+        compare([s], tune=["model.d_model"])
+
+
+def test_runs_that_disagree_on_their_compare_block_get_a_note_and_the_first_is_used(tmp_path):
+    s = tuned_sweep(tmp_path, {"pre": dict.fromkeys(LRS, 1.0)}, compare_block={"tune": ["optim.lr"]})
+    results = json.loads((s / "5" / "results.json").read_text())
+    (s / "5" / "results.json").write_text(json.dumps({**results, "compare": {"tune": []}}))
+    report = compare([s])
+    assert report.tuned == ["optim.lr"]
+    assert any("disagree on their compare block" in n and "using the first" in n for n in report.notes)
+
+
+def two_cells(tmp_path: Path, pre: list[float], post: list[float], post_seeds=None, **block) -> Path:
+    s = tmp_path / "two"
+    for i, (norm, losses, seeds) in enumerate((("pre", pre, range(len(pre))),
+                                               ("post", post, post_seeds or range(len(post))))):
+        for seed, loss in zip(seeds, losses, strict=True):
+            results = {**done(loss, 0.5, 0.5, seed=seed), **({"compare": block} if block else {})}
+            write_run(s / f"{i}{seed}", [f"norm={norm}", f"seed={seed}"], results)
+    return s
+
+
+def test_significance_against_the_baseline_welch_or_paired_with_holm_and_a_verdict(tmp_path):
+    pre, post = [1.00, 1.02, 0.98], [1.20, 1.23, 1.19]
+    s = two_cells(tmp_path, pre, post, post_seeds=[5, 6, 7])  # other seeds: Welch
+    report = compare([s], baseline="norm=pre", detect=0.05)
+    test = by_label(report)["norm=post"].test
+    ref = stats.ttest_ind(post, pre, equal_var=False)
+    assert not test.paired and test.p == pytest.approx(ref.pvalue) and test.p_holm == pytest.approx(ref.pvalue)
+    assert test.diff == pytest.approx(statistics.fmean(post) - statistics.fmean(pre))
+    assert test.verdict == "worse" and test.seeds_needed >= 2 and test.mde > 0
+    paired_report = compare([two_cells(tmp_path / "p", pre, post)], baseline="norm=pre")
+    test = by_label(paired_report)["norm=post"].test
+    assert test.paired and test.p == pytest.approx(stats.ttest_rel(post, pre).pvalue)
+    higher = compare([s], baseline="norm=post", sort="val/loss")  # pre has the lower loss: better
+    assert by_label(higher)["norm=pre"].test.verdict == "better"
+    close = compare([two_cells(tmp_path / "c", pre, [1.01, 0.99, 1.03])], baseline="norm=pre")
+    assert by_label(close)["norm=post"].test.verdict == "no detectable difference at alpha=0.05"
+
+
+def test_holm_runs_across_the_cells_of_the_table(tmp_path):
+    s = tmp_path / "three"
+    losses = {"pre": [1.0, 1.02, 0.98], "post": [1.05, 1.09, 1.02], "sandwich": [1.03, 1.0, 1.08]}
+    for norm, values in losses.items():
+        for seed, loss in enumerate(values):
+            write_run(s / f"{norm}{seed}", [f"norm={norm}", f"seed={seed}"], done(loss, 0.5, 0.5, seed=seed))
+    report = compare([s], baseline="norm=pre")
+    tests = [by_label(report)[f"norm={n}"].test for n in ("post", "sandwich")]
+    raw = [stats.ttest_rel(losses[n], losses["pre"]).pvalue for n in ("post", "sandwich")]
+    assert [t.p for t in tests] == pytest.approx(raw)
+    assert [t.p_holm for t in tests] == pytest.approx(holm(raw))
+    assert "Holm-adjusted across 2 comparisons" in terminal(report)
+
+
+def test_one_seed_per_cell_is_reported_as_such_without_numbers(tmp_path):
+    s = two_cells(tmp_path, [1.0], [1.2, 1.25])
+    report = compare([s], baseline="norm=pre", detect=0.1, out=tmp_path / "out")
+    post = by_label(report)["norm=post"]
+    assert post.test.short == "1 seed" and post.test.p is None and post.test.mde is None
+    text = terminal(report)
+    assert row_of(text, "post").count("1 seed") == 7  # diff, test, p, p Holm, verdict, MDE, seeds for 0.1
+    assert "Significance needs >= 2 seeds per cell" in text
+    write(report, plots=False)
+    data = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    cell = next(c for c in data["cells"] if c["cell"] == {"norm": "post"})
+    assert cell["significance"]["short"] == "1 seed" and cell["significance"]["p"] is None
+    rows = (tmp_path / "out" / "comparison.csv").read_text().splitlines()
+    assert ",1 seed," in next(r for r in rows if ",post," in r)
+
+
+def test_the_outputs_carry_the_tuned_values_and_the_tests(tmp_path):
+    s = tuned_sweep(tmp_path, {"pre": dict(zip(LRS, (1.2, 1.0, 1.1), strict=True)),
+                               "post": dict(zip(LRS, (1.5, 1.4, 1.3), strict=True))})
+    report = compare([s], tune=["optim.lr"], baseline="norm=pre", out=tmp_path / "out")
+    names = [p.name for p in write(report)]
+    assert "comparison_sensitivity.png" in names
+    import matplotlib.pyplot as plt
+
+    image = plt.imread(tmp_path / "out" / "comparison_sensitivity.png")
+    assert image.shape[0] > 100 and image.std() > 0
+    data = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert data["tuning"] == {"keys": ["optim.lr"], "metric": "val/loss", "why": "the sort metric"}
+    post = next(c for c in data["cells"] if c["cell"] == {"norm": "post"})
+    assert post["tuned"]["chosen"] == {"optim.lr": "0.01"} and post["tuned"]["edges"] == {"optim.lr": "high"}
+    assert [p["selection"]["mean"] for p in post["tuned"]["grid"]] == pytest.approx([1.505, 1.405, 1.305])
+    assert post["significance"]["verdict"] == "worse" and post["significance"]["paired"] is True
+    rows = (tmp_path / "out" / "comparison.csv").read_text().splitlines()
+    assert rows[0].startswith("best,norm,optim.lr,optim.lr_edge,seeds,") and ",p,p_holm,verdict,mde," in rows[0]
+    assert rows[2].startswith("0,post,0.01,high,2,") and ",paired," in rows[2] and ",worse," in rows[2]
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| 0.01 > |" in md and "| baseline |" in md
+
+
+def test_the_runs_metric_sorts_and_stars_unless_sort_is_given(tmp_path):
+    s = tmp_path / "pos"
+    for i, (pos, val_loss, long_em) in enumerate((("rotary", 1.0, 0.2), ("alibi", 1.1, 0.7))):
+        results = {**done(val_loss, 0.9, 0.9), "test_long": {"exact_match": long_em},
+                   "compare": {"tune": [], "baseline": None, "metric": "test_long/exact_match"}}
+        write_run(s / str(i), [f"pos={pos}", "seed=0"], results)
+    report = compare([s])
+    assert report.sort.key == "test_long/exact_match" and report.cells[0].values["pos"] == "alibi"
+    assert report.cells[0].best
+    assert "sorted by test_long/exact_match (the preset's question; higher is better)" in terminal(report)
+    told = compare([s], sort="val/loss")
+    assert told.cells[0].values["pos"] == "rotary" and "preset's question" not in terminal(told)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("norm=deep", r"--baseline 'norm=deep' matches none of the cells: .*norm=pre model.n_layers=2"),
+    ("norm=pre", r"--baseline 'norm=pre' matches 2 cells \(norm=pre model.n_layers=2, norm=pre model.n_layers=4\)"),
+    ("ffn=relu", r"ffn is not a key the cells differ by; choose from norm, model.n_layers"),
+    ("pre", r"give the baseline cell as key=value pairs"),
+])
+def test_a_baseline_that_matches_no_cell_or_several_is_refused(tmp_path, spec, match):
+    with pytest.raises(CompareError, match=match):
+        compare([grid(tmp_path)], baseline=spec)
+
+
+def grid(tmp_path: Path) -> Path:
+    s = tmp_path / "grid"
+    for i, (norm, layers) in enumerate((("pre", 2), ("pre", 4), ("post", 2))):
+        write_run(s / str(i), [f"norm={norm}", f"model.n_layers={layers}", "seed=0"], done(1.0 + i, 0.5, 0.5))
+    return s
+
+
+def test_compare_py_exits_2_on_a_baseline_matching_several_cells(tmp_path):
+    out = subprocess.run([sys.executable, "compare.py", str(grid(tmp_path)), "--no-plots", "--baseline", "norm=pre"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "error: --baseline 'norm=pre' matches 2 cells" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_flags_are_refused(tmp_path):
+    s = two_cells(tmp_path, [1.0, 1.1], [1.2, 1.3])
+    with pytest.raises(CompareError, match=r"--detect 0.01 needs a baseline"):
+        compare([s], detect=0.01)
+    with pytest.raises(CompareError, match=r"--alpha 1.5: give a significance level between 0 and 1"):
+        compare([s], baseline="norm=pre", alpha=1.5)
+    with pytest.raises(CompareError, match=r"--baseline tests a final metric"):
+        compare([s], baseline="norm=pre", sort="target", target="val/exact_match>=0.5")
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("compare.metric=acc", r"compare.metric='acc' must name a results.json metric as split/name, e.g. test_long/acc"),
+    ("compare.tune=[optim..lr]", r"compare.tune=\['optim..lr'\] names 'optim..lr', which is not a config key"),
+    ("compare.tune=[seed]", r"names 'seed', which is not a config key to tune"),
+    ("compare.baseline=pre", r"compare.baseline='pre' must be a cell as key=value pairs"),
+])
+def test_train_refuses_a_bad_compare_block(override, message):
+    with pytest.raises(ValueError, match=message):
+        check_schemas(composed(override))
+
+
+def test_train_refuses_a_tuned_key_the_config_lacks():
+    from archsweep.core.train import rules
+    from archsweep.core.train.job import build_task
+
+    cfg = composed("compare.tune=[optim.lrr]")
+    with pytest.raises(ValueError, match=r"compare.tune names optim.lrr, which this config does not have"):
+        rules.check_rules(cfg, build_task(cfg))
+    cfg = composed("compare.tune=[optim.lr,norm,model.qk_norm]")  # a value, a group, a key set to null
+    rules.check_rules(cfg, build_task(cfg))
+
+
+def test_the_compare_block_is_typed_and_a_setting():
+    from archsweep.core.train.runinfo import compare_block, is_setting
+
+    cfg = composed("compare.tune=[optim.lr]", "compare.baseline='norm=pre model.n_layers=6'",
+                   "compare.metric=test_long/acc")
+    assert check_schemas(cfg).groups["compare"].tune == ["optim.lr"]
+    assert compare_block(cfg) == {"tune": ["optim.lr"], "baseline": "norm=pre model.n_layers=6",
+                                  "metric": "test_long/acc"}
+    assert is_setting("compare.tune") and not is_setting("optim.lr")
+
+
+PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_presets_compare_block_names_keys_and_a_cell_of_its_own_sweep(name):
+    """A preset's compare block is valid, tunes keys it sweeps, and its baseline names exactly one cell: a value
+    its sweep runs for every swept key but the seed and the tuned ones."""
+    from test_experiments import sweep_values
+
+    from archsweep.core.report.runs import canon
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={name}"], return_hydra_config=True)
+    block = check_schemas(cfg).groups["compare"]
+    grid = sweep_values(cfg.hydra.sweeper.params or {})
+    assert set(block.tune) <= set(grid), f"{name}: compare.tune={block.tune} but the sweep varies {sorted(grid)}"
+    if block.baseline is not None:
+        spec = dict(p.split("=", 1) for p in block.baseline.split())
+        assert set(spec) == set(grid) - {"seed", *block.tune}, f"{name}: compare.baseline={block.baseline!r}"
+        for key, value in spec.items():
+            assert canon(value) in {canon(v) for v in grid[key]}, f"{name}: {key}={value} is not in its sweep"
+
+
+def test_compare_main_reads_the_flags(tmp_path, capsys):
+    from archsweep.cli import compare_main
+
+    s = tuned_sweep(tmp_path, {"pre": dict(zip(LRS, (1.2, 1.0, 1.1), strict=True)),
+                               "post": dict(zip(LRS, (1.5, 1.4, 1.3), strict=True))})
+    assert compare_main([str(s), "--no-plots", "--tune", "optim.lr", "--baseline", "norm=pre", "--detect", "0.05",
+                         "--alpha", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "Tuned per cell: optim.lr." in out and "seeds for 0.05" in out and "verdict at alpha=0.01" in out
+    assert compare_main([str(s), "--no-plots", "--no-tune"]) == 0
+    assert "optim.lr" in capsys.readouterr().out.split("Cells by: ")[1].splitlines()[0]  # a cell key again
+    assert compare_main([str(s), "--no-plots", "--baseline", "norm=none"]) == 2
+    assert "matches none of the cells" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        compare_main([str(s), "--tune", "optim.lr", "--no-tune"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_two_tuned_keys_are_chosen_together_and_each_gets_its_edge_and_plot(tmp_path):
+    s = tmp_path / "two"
+    i = 0
+    for norm in ("pre", "post"):
+        for lr in LRS:
+            for warmup in ("0", "50", "100"):
+                loss = 1.0 + abs(LRS.index(lr) - 1) * 0.1 + int(warmup) / 1000 + (norm == "post") * 0.2
+                write_run(s / str(i), [f"norm={norm}", f"optim.lr={lr}", f"schedule.warmup_steps={warmup}",
+                                       "seed=0"], done(loss, 0.5, 0.5))
+                i += 1
+    report = compare([s], tune=["optim.lr", "schedule.warmup_steps"], out=tmp_path / "out")
+    pre = by_label(report)["norm=pre"]
+    assert report.keys == ["norm"] and pre.tuning.chosen.values == {"optim.lr": "0.003", "schedule.warmup_steps": "0"}
+    assert pre.tuning.edges == {"schedule.warmup_steps": "low"} and len(pre.tuning.points) == 9
+    assert "best schedule.warmup_steps 0 is the smallest tried; extend the grid downward" in terminal(report)
+    import matplotlib.pyplot as plt
+
+    write(report)
+    image = plt.imread(tmp_path / "out" / "comparison_sensitivity.png")
+    assert image.shape[1] > 1.5 * image.shape[0]  # one panel per tuned key, side by side
