@@ -255,8 +255,9 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "each cell is shown at its best value on validation (default: the runs' compare.tune)")
     tune.add_argument("--no-tune", action="store_true", help="tune nothing: a row per (cell, tuned value)")
     p.add_argument("--baseline", metavar="SPEC", help="test every other cell against this one on the sort metric, "
-                   "e.g. 'norm=pre' (key=value pairs, space-separated; default: the runs' compare.baseline; 'none': "
-                   "no test)")
+                   "e.g. 'norm=pre' (key=value pairs, space-separated; keys it leaves out are matched: in a sweep over "
+                   "norm and depth, each cell against pre-norm at its own depth; default: the runs' "
+                   "compare.baseline; 'none': no test)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default: 0.05)")
     p.add_argument("--detect", type=float, metavar="D", help="with a baseline: also the seeds per cell needed to "
                    "detect a difference D of the sort metric with 80%% power")

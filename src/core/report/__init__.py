@@ -29,7 +29,7 @@ from archsweep.core.report.plots import (
 from archsweep.core.report.render import COUNTS, Report, csv_text, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 from archsweep.core.report.scaling import plot_scaling, scaling_fits
-from archsweep.core.report.significance import against_baseline, find_baseline
+from archsweep.core.report.significance import against_baseline, find_baselines
 from archsweep.core.report.tuning import resolve_tune, selection_metric, tune_cell
 
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
@@ -197,8 +197,8 @@ def add_significance(report: Report, baseline: str | None, from_runs: str | None
     """Every cell against the baseline (--baseline, else the runs' compare.baseline; 'none': no test)."""
     spec, name = (baseline, "--baseline") if baseline is not None else (from_runs, "the runs' compare.baseline")
     if spec is not None and spec.strip().lower() not in ("none", "off", ""):
-        base = find_baseline(spec, report.cells, report.keys, report.tuned, name)
-        report.significance = against_baseline(report.cells, base, report.sort, alpha, detect)
+        wanted, bases = find_baselines(spec, report.cells, report.keys, report.tuned, name)
+        report.significance = against_baseline(report.cells, bases, report.sort, alpha, detect, wanted, report.keys)
     elif detect is not None:
         example = report.cells[0].label if report.cells and report.keys else "norm=pre"
         raise CompareError(f"--detect {detect:g} needs a baseline to test against: add --baseline, e.g. "

@@ -122,7 +122,7 @@ def significance_columns(sig: Significance) -> list[tuple[str, Callable[[Cell], 
 
     def col(head: str, text: Callable[[Contrast], str], right: bool = True) -> tuple[str, Callable[[Cell], str], bool]:
         def show(cell: Cell) -> str:
-            if cell is sig.baseline:
+            if sig.is_baseline(cell):
                 return "baseline" if head.startswith("diff") else "-"
             test = cell.test
             return "-" if test is None else test.short or text(test)
@@ -223,14 +223,14 @@ def sort_text(report: Report) -> str:
 def significance_summary(sig: Significance, cells: list[Cell]) -> list[str]:
     tests = [c.test for c in cells if c.test is not None]
     family = sum(t.p is not None for t in tests)
-    lines = [f"Against the baseline {sig.baseline.label} on {sig.metric.key}: the difference of means (cell - "
+    lines = [f"Against the baseline {sig.label} on {sig.metric.key}: the difference of means (cell - "
              f"baseline) with its {sig.confidence:.0%} confidence interval; p from Welch's t-test, or the paired "
              f"t-test where both cells ran the same seeds; Holm-adjusted across {family} "
              f"comparison{'s' * (family != 1)}; the verdict at alpha={sig.alpha:g}. MDE: the smallest difference "
              "these seeds detect with 80% power (two-sided t-test, noncentral t, pooled standard deviation)"
              + (f"; seeds for {sig.detect:g}: the seeds per cell that detect a difference of {sig.detect:g}." if
                 sig.detect is not None else ".")]
-    if any(t.short == "1 seed" for t in tests) or (tests and sig.baseline.seeds < 2):
+    if any(t.short == "1 seed" for t in tests) or (tests and any(b.seeds < 2 for b in sig.baselines)):
         lines.append("Significance needs >= 2 seeds per cell (the baseline's included): rows marked '1 seed' have "
                      "no test.")
     return lines
@@ -304,7 +304,7 @@ def tuned_csv(cell: Cell, key: str) -> tuple[str, str]:
 
 
 def test_csv(cell: Cell, sig: Significance) -> list[Any]:
-    if cell is sig.baseline:
+    if sig.is_baseline(cell):
         return ["", "", "", "", "", "", "baseline", "", ""]
     t = cell.test
     if t is None or t.short is not None:
@@ -345,7 +345,7 @@ def json_text(report: Report) -> str:
 def significance_json(sig: Significance | None) -> dict[str, Any] | None:
     if sig is None:
         return None
-    return {"baseline": sig.baseline.values, "metric": vars(sig.metric), "alpha": sig.alpha,
+    return {"baseline": sig.spec, "baselines": [b.values for b in sig.baselines], "metric": vars(sig.metric), "alpha": sig.alpha,
             "confidence": sig.confidence, "detect": sig.detect, "power": POWER}
 
 
@@ -361,7 +361,7 @@ def tuned_json(cell: Cell) -> dict[str, Any] | None:
 def test_json(cell: Cell, sig: Significance | None) -> dict[str, Any] | None:
     if sig is None:
         return None
-    if cell is sig.baseline:
+    if sig.is_baseline(cell):
         return {"baseline": True}
     return {"baseline": False, **vars(cell.test)} if cell.test is not None else None
 

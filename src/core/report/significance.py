@@ -11,7 +11,7 @@ import math
 import statistics
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scipy import optimize, stats
@@ -175,14 +175,32 @@ def against(cell: list[tuple[Any, float]], base: list[tuple[Any, float]], confid
 
 @dataclass
 class Significance:
-    baseline: Cell
+    baselines: list[Cell]  # one, or one per combination of the keys the spec leaves open
     metric: SortKey
     alpha: float
     detect: float | None
+    spec: dict[str, str] = field(default_factory=dict)  # the baseline as given: {key: value}
+    open_keys: list[str] = field(default_factory=list)  # compared keys the spec does not name (matched per cell)
 
     @property
     def confidence(self) -> float:
         return 1 - self.alpha
+
+    @property
+    def label(self) -> str:
+        spec = " ".join(f"{k}={v}" for k, v in self.spec.items())
+        if len(self.baselines) == 1:
+            return self.baselines[0].label
+        return f"{spec} at each cell's own {', '.join(self.open_keys)}"
+
+    def is_baseline(self, cell: Cell) -> bool:
+        return any(cell is b for b in self.baselines)
+
+    def baseline_of(self, cell: Cell) -> Cell | None:
+        """The baseline cell that agrees with `cell` on every key the spec leaves open (the only one if one)."""
+        if len(self.baselines) == 1:
+            return self.baselines[0]
+        return next((b for b in self.baselines if all(b.values[k] == cell.values[k] for k in self.open_keys)), None)
 
 
 def parse_baseline(spec: str, keys: list[str], tuned: list[str], name: str = "--baseline") -> dict[str, str]:
@@ -202,24 +220,26 @@ def parse_baseline(spec: str, keys: list[str], tuned: list[str], name: str = "--
     return wanted
 
 
-def find_baseline(spec: str, cells: list[Cell], keys: list[str], tuned: list[str], name: str = "--baseline") -> Cell:
-    """The one cell whose values match the spec; CompareError naming the cells when none or several do."""
+def find_baselines(spec: str, cells: list[Cell], keys: list[str], tuned: list[str],
+                   name: str = "--baseline") -> tuple[dict[str, str], list[Cell]]:
+    """The spec as {key: value} and the cells that match it: one, or, when the spec leaves keys open (norm=pre in a
+    sweep over norm and depth), one per value of those keys, each the baseline of the cells that share that value.
+    CompareError naming the cells when none match."""
     wanted = parse_baseline(spec, keys, tuned, name)
     found = [c for c in cells if all(c.values[k] == v for k, v in wanted.items())]
-    labels = ", ".join(c.label for c in cells)
     if not found:
+        labels = ", ".join(c.label for c in cells)
         raise CompareError(f"{name} {spec!r} matches none of the cells: {labels}; give one of them with "
                            f"--baseline, or --baseline none for no test")
-    if len(found) > 1:
-        raise CompareError(f"{name} {spec!r} matches {len(found)} cells ({', '.join(c.label for c in found)}); "
-                           f"name one by adding keys, e.g. --baseline {found[0].label!r}")
-    return found[0]
+    return wanted, found
 
 
-def against_baseline(cells: list[Cell], baseline: Cell, order: SortKey, alpha: float,
-                     detect: float | None) -> Significance:
-    """Every other cell's Contrast against `baseline` on the sort metric (stored on the cell), Holm-adjusted across
-    the cells that have a p-value, with a verdict."""
+def against_baseline(cells: list[Cell], baselines: list[Cell], order: SortKey, alpha: float,
+                     detect: float | None, spec: dict[str, str] | None = None,
+                     keys: list[str] | None = None) -> Significance:
+    """Every other cell's Contrast against its baseline on the sort metric (stored on the cell), Holm-adjusted
+    across the cells that have a p-value, with a verdict. With several baselines (a spec that leaves `keys` open),
+    a cell's baseline is the one that shares its values of the open keys; a cell with none says 'no baseline'."""
     if order.key == "target":
         raise CompareError("--baseline tests a final metric; --sort target (steps to a target) is not one: sort by a "
                            "metric, e.g. --sort val/loss")
@@ -228,11 +248,15 @@ def against_baseline(cells: list[Cell], baseline: Cell, order: SortKey, alpha: f
     if detect is not None and not detect > 0:
         raise CompareError(f"--detect {detect:g}: give the difference to detect as a positive number in the units "
                            f"of {order.key}, e.g. --detect 0.01")
-    sig = Significance(baseline, order, alpha, detect)
-    base = samples(baseline, order.key)
-    tested = [c for c in cells if c is not baseline]
+    spec = spec or {}
+    sig = Significance(baselines, order, alpha, detect, spec, [k for k in keys or [] if k not in spec])
+    tested = [c for c in cells if not sig.is_baseline(c)]
     for cell in tested:
-        cell.test = against(samples(cell, order.key), base, sig.confidence, alpha, detect)
+        base = sig.baseline_of(cell)
+        if base is None:
+            cell.test = Contrast(cell.seeds, 0, short="no baseline")
+            continue
+        cell.test = against(samples(cell, order.key), samples(base, order.key), sig.confidence, alpha, detect)
     with_p = [c.test for c in tested if c.test is not None and c.test.p is not None]
     for test, adjusted in zip(with_p, holm([t.p for t in with_p]), strict=True):
         test.p_holm = adjusted
