@@ -316,12 +316,12 @@ def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, An
     except ValueError as e:
         raise CellConflict(str(e)) from None
     if state == "finished":
-        log.info(f"job {info.job_num} ({info.name}): {results['status']} earlier in {info.run_dir}; skipped")
+        log.info(f"{results['status']} earlier in {info.run_dir}; skipped")  # the line's [job N cell] names it
         return results
     if state == "resume" and setup.ckpt_path is None:
         setup.ckpt_path = usable_checkpoint(info)
         if setup.ckpt_path is not None:
-            log.info(f"job {info.job_num} ({info.name}): resuming the interrupted run from {setup.ckpt_path}")
+            log.info(f"resuming the interrupted run from {setup.ckpt_path}")
     return None
 
 
@@ -337,9 +337,8 @@ def usable_checkpoint(info: RunInfo) -> Path | None:
             return path
         except CheckpointError as e:
             path.replace(path.with_name(name + ".corrupt"))
-            log.warning(f"job {info.job_num} ({info.name}): {e}; kept as {path.name}.corrupt")
-    log.warning(f"job {info.job_num} ({info.name}): no checkpoint of the interrupted run loads; the cell restarts "
-                f"from step 0")
+            log.warning(f"{e}; kept as {path.name}.corrupt")
+    log.warning("no checkpoint of the interrupted run loads; the cell restarts from step 0")
     return None
 
 

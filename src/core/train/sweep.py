@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.model.checkpoint import CKPT_DIR
+from archsweep.core.train.console import set_job
 from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, is_worker_process, setting_of, writable_directory
 from archsweep.core.train.runinfo import is_setting, override_key
@@ -173,6 +174,10 @@ class SweepSummary(Callback):
         except BaseException:
             self.lock.release()
             raise
+        log.info(f"sweep in {sweep_dir}")
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        set_job(None)  # the basic launcher runs the jobs in this process: what follows a job is not that job's
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.lock is not None:
