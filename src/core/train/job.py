@@ -40,7 +40,7 @@ from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_sta
 from archsweep.core.train.runinfo import RunInfo, override_key, run_info
 from archsweep.core.train.schemas import check_schemas
 from archsweep.core.train.setup import ConfigError, Setup
-from archsweep.core.train.sweep import append_summary, earlier_run
+from archsweep.core.train.sweep import append_summary, earlier_run, failure_line
 
 log = logging.getLogger("train")
 
@@ -395,10 +395,10 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
             withdraw(info.run_dir)  # left (a resumed run's is left as it was)
             raise SystemExit(f"error: {error}") from None
         results = record_failure(info, error, cfg.seed)
-        if info.multirun:
+        if info.multirun:  # an error other jobs of the sweep printed already is named, not repeated
+            line = failure_line(info, results["error"])
             append_summary(info, results)
-            log.error(f"job {info.job_num} ({info.name}) failed: {results['error']} (details: "
-                      f"{info.run_dir / 'error.txt'})")
+            log.error(line)
             return math.nan
         if getattr(error, "errno", None) == errno.ENOSPC:  # the disk is full: one line, not a traceback
             raise SystemExit(f"error: {error.strerror if isinstance(error, OSError) else error}") from None
