@@ -16,7 +16,7 @@ from typing import Any
 RESULTS = "results.json"
 VERSION = 2
 STATUSES = ("completed", "failed", "diverged", "interrupted")
-OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context")  # JSON objects, or null
+OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context", "budget")  # JSON objects, or null
 
 
 @dataclass
@@ -31,6 +31,8 @@ class Results:
     seed: Any = None
     params: int | None = None
     steps: int | None = None  # optimiser steps taken
+    budget: dict[str, Any] | None = None  # budget.flops / budget.tokens: {"unit", "requested", "per_step",
+    # "max_steps", "steps", "spent", "spent_vs_requested"} (spent: the steps taken at per_step, by the budget's count)
     task_family: str | None = None  # lm, translation, classification, synthetic: compare.py's defaults follow it
     diverged: dict[str, Any] | None = None  # {"step", "reason"} when the divergence check stopped the run
     interrupted: dict[str, Any] | None = None  # {"signal", "step", "exit_code"} of a run stopped by a signal
