@@ -1,6 +1,7 @@
 """What a sweep prints: each distinct error once, with the count of jobs it hit and where their results.json hold
 it (in-process on fabricated summaries, and end to end with the basic and the joblib launcher); and no library
-line a user cannot act on in a joblib sweep that is re-run to resume a job."""
+line a user cannot act on in a joblib sweep that is re-run to resume a job, which removes (and names) the temporary
+files a killed save left in that job's directory."""
 
 from __future__ import annotations
 
@@ -109,6 +110,11 @@ def test_a_joblib_sweep_re_run_to_resume_prints_no_library_line_a_user_cannot_ac
     interrupted = {**json.loads(results.read_text()), "status": "interrupted",
                    "interrupted": {"signal": "SIGTERM", "step": 4, "exit_code": 143}}
     results.write_text(json.dumps(interrupted))  # as a job stopped by a scheduler leaves it: resumed on a re-run
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = [sweep / "1" / "checkpoints" / f".last.ckpt.tmp-{ended.stdout.strip()}",  # saves killed midway
+             sweep / "1" / f".metrics.csv.tmp-{ended.stdout.strip()}"]
+    for path in stale:
+        path.write_bytes(b"partial")
     second = run(*args)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     lines = [x for x in (first.stdout + first.stderr + second.stdout + second.stderr).splitlines()]
@@ -125,3 +131,7 @@ def test_a_joblib_sweep_re_run_to_resume_prints_no_library_line_a_user_cannot_ac
     assert f"[job 0 norm=pre] completed earlier in {sweep / '0'}; skipped" in text
     assert text.count("2 of 2 jobs completed") == 2
     assert json.loads(results.read_text())["status"] == "completed"
+    (removed,) = [x for x in lines if "temporary file(s) left by an interrupted run" in x]
+    assert removed.split(" ", 1)[1] == (f"[job 1 norm=post] removed 2 temporary file(s) left by an interrupted run: "
+                                        f"{stale[0]}, {stale[1]}")
+    assert not any(path.exists() for path in stale)
