@@ -266,6 +266,7 @@ class SweepSummary(Callback):
         if errors:
             log.info(errors)
         if failed:
-            raise SystemExit(f"error: {len(failed)} of {len(rows)} sweep jobs failed ({len(distinct_errors(rows))} "
-                             f"distinct error(s), listed above); see {sweep_dir / SUMMARY} and error.txt in each "
-                             f"failed job's directory")
+            distinct = len(distinct_errors(rows))
+            listed = f" ({distinct} distinct error(s), listed above)" if distinct else ""
+            raise SystemExit(f"error: {len(failed)} of {len(rows)} sweep jobs failed{listed}; see "
+                             f"{sweep_dir / SUMMARY} and error.txt in each failed job's directory")
