@@ -52,6 +52,8 @@ SLOW = {
     "test_gpu_bench.py": "*",  # bench/gpu.py --tiny as a process
     "test_attention_kinds.py": {"test_flex_attention_block_mask_equals_sdpa"},  # flex_attention compiles
     "test_experiments.py": {"test_match_d_ff_picks_the_closest_count"},  # builds a model per candidate d_ff
+    "test_sweep_console.py": {"test_a_sweep_prints_an_error_every_job_hit_once_with_their_count",  # train.py sweeps
+                              "test_a_joblib_sweep_re_run_to_resume_prints_no_library_line_a_user_cannot_act_on"},
 }
 
 

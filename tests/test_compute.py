@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -87,6 +88,41 @@ def test_budget_tokens_counts_accumulation_and_processes():
                                   "trainer=ddp", "trainer.devices=2")
     apply_budget(cfg, model_cfg, task)
     assert cfg.trainer.max_steps == round(96000 / (12 * 64 * 2 * 2))
+
+
+def per_step_flops(task, model_cfg) -> float:
+    return TRAIN_FACTOR * forward_flops(build_model(model_cfg), task.flop_shape("decoder_only"))
+
+
+@pytest.mark.parametrize("unit", ["flops", "tokens"])
+def test_a_budget_below_one_step_runs_one_step_and_says_what_it_spends(unit, caplog):
+    cfg, task, model_cfg = solved(*LM, f"budget.{unit}=1")
+    with caplog.at_level(logging.INFO, logger="train"):
+        budget = apply_budget(cfg, model_cfg, task)
+    per_step = per_step_flops(task, model_cfg) if unit == "flops" else 12 * 64
+    assert cfg.trainer.max_steps == 1 and budget.per_step == pytest.approx(per_step, rel=0.02)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    cost = f"{budget.per_step:.4g} FLOPs" if unit == "flops" else "768 tokens"
+    assert warning.startswith(f"budget.{unit}=1 is below one step ({cost} per step); trainer.max_steps=1 spends "
+                              f"{cost}, {budget.per_step:.3g}x the budget")
+    record = budget.record(1)
+    assert record["requested"] == 1 and record["spent"] == budget.per_step and record["steps"] == 1
+
+
+def test_whole_steps_that_miss_the_budget_by_more_than_a_few_percent_say_by_how_much(caplog):
+    cfg, task, model_cfg = solved(*LM, "budget.tokens=1152")  # 1.5 steps of 768 tokens -> 2 steps
+    with caplog.at_level(logging.INFO, logger="train"):
+        budget = apply_budget(cfg, model_cfg, task)
+    assert cfg.trainer.max_steps == 2 and budget.record(2)["spent_vs_requested"] == pytest.approx(1 / 3)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning == ("budget.tokens=1152 at 768 tokens per step: trainer.max_steps=2 spends 1,536 tokens, +33.3% "
+                       "from the budget (whole steps)")
+    caplog.clear()
+    cfg, task, model_cfg = solved(*LM, "budget.tokens=7834")  # 10.2 steps -> 10: 2% under, within the slack
+    with caplog.at_level(logging.INFO, logger="train"):
+        apply_budget(cfg, model_cfg, task)
+    assert cfg.trainer.max_steps == 10 and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "budget.tokens=7834 at 768 tokens per step: trainer.max_steps=10" in caplog.text
 
 
 def test_bad_budgets_are_refused():
@@ -262,7 +298,8 @@ def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
     env.pop("WANDB_API_KEY", None)
     args = [*LM, "trainer.max_steps=8", "trainer.log_every_n_steps=2", "trainer.val_check_interval=4",
             "task.val_batches=2", "task.test_batches=2", "diagnostics.every_n_steps=0", "eval.decode_samples=0",
-            "trainer.peak_flops=1e11", f"hydra.run.dir={tmp_path / 'run'}", f"output_root={tmp_path}"]
+            "trainer.peak_flops=1e11", "budget.tokens=6000",  # 7.8 steps of 12 x 64 tokens: 8
+            f"hydra.run.dir={tmp_path / 'run'}", f"output_root={tmp_path}"]
     out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -275,6 +312,8 @@ def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
     assert results["peak_flops"] == 1e11 and 0 < results["mfu"] < 1
     assert results["peak_source"] == "trainer.peak_flops" and results["peak_age_s"] is None
     assert results["mfu_estimate"] is False
+    assert results["budget"] == {"unit": "tokens", "requested": 6000, "per_step": 768, "max_steps": 8, "steps": 8,
+                                 "spent": 6144, "spent_vs_requested": pytest.approx(0.024)}
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     logged = [r for r in rows if r.get("train/mfu")]
     assert [int(r["step"]) for r in logged] == [1, 3, 5, 7]  # every log step (steps are 0-based in the csv)

@@ -121,10 +121,32 @@ def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
     stale = ckpts / f".last.ckpt.tmp-{dead_pid()}"
     live = ckpts / f".best.ckpt.tmp-{os.getppid()}"  # a running process (pytest's parent)
     results_tmp = tmp_path / "results.json.tmp"
-    for f in (stale, live, results_tmp):
+    metrics_tmp = tmp_path / f".metrics.csv.tmp-{dead_pid()}"
+    for f in (stale, live, results_tmp, metrics_tmp):
         f.write_bytes(b"partial")
-    assert sorted(clean_stale_temp(tmp_path)) == sorted([stale, results_tmp])
-    assert live.exists() and not stale.exists() and not results_tmp.exists()
+    assert sorted(clean_stale_temp(tmp_path)) == sorted([stale, results_tmp, metrics_tmp])
+    assert live.exists() and not stale.exists() and not results_tmp.exists() and not metrics_tmp.exists()
+
+
+def test_a_metrics_rewrite_that_fails_midway_leaves_the_previous_file(tmp_path, monkeypatch):
+    logger = MetricsCSV(tmp_path)
+    logger.log_metrics({"train/loss": 1.0}, step=1)
+    logger.save()
+    before = (tmp_path / "metrics.csv").read_bytes()
+
+    def cut(self, rows):  # the disk fills, or the process dies, while the rows are written
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", cut)
+    logger.log_metrics({"train/loss": 0.9, "val/loss": 1.2}, step=2)  # a new column: the file is rewritten
+    with pytest.raises(OSError):
+        logger.save()
+    assert (tmp_path / "metrics.csv").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]  # the temporary file went with the error
+    monkeypatch.undo()
+    logger.save()  # the next save writes the header and every row
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert [(r["step"], r["train/loss"], r["val/loss"]) for r in rows] == [("1", "1.0", ""), ("2", "0.9", "1.2")]
 
 
 def test_resumed_metrics_keep_the_rows_before_the_checkpoint_and_never_repeat_a_step(tmp_path):

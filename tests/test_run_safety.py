@@ -240,6 +240,8 @@ def test_resume_continues_an_interrupted_run_in_its_directory_with_the_uninterru
     code, out = train(tmp_path, f"resume={run_dir}", "threads=1")  # keeps the model: allowed
     assert code == 0, out[-3000:]
     assert sorted(root.glob("runs/*")) == [run_dir] and not stale.exists()
+    assert f"removed 1 temporary file(s) left by an interrupted run: {stale}" in out  # and says so, once
+    assert out.count("temporary file(s) left by an interrupted run") == 1
     resumed = results(run_dir)
     assert resumed["status"] == "completed" and resumed["steps"] == 40
     assert resumed["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt")

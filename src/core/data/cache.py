@@ -5,7 +5,9 @@ settings that shape the result and FORMAT_VERSION. It is built in a temporary fo
 marker as its last file, and is then renamed into place: a preparation that is interrupted (or fails on bad input)
 leaves at most a `.tmp-*` folder, which no later run reads (and the next preparation in that cache removes, once
 the process that made it has ended), and a folder without the marker is rebuilt. The marker lists every file's
-size: an entry whose files no longer have them (truncated by a full disk or a partial copy) is rebuilt too.
+size: an entry whose files no longer have them (truncated by a full disk or a partial copy), or whose marker or
+info.json does not parse, is rebuilt too. A file of an entry that does not read later (`read`: damaged at the same
+size) raises an error naming it and the folder to delete.
 """
 
 from __future__ import annotations
@@ -48,15 +50,41 @@ def damaged_files(entry: Path) -> list[str]:
     """Files of a complete entry whose size differs from the one its marker lists (or that are missing). An
     entry written before the marker listed sizes is taken as it is."""
     try:
-        sizes = json.loads((entry / MARKER).read_text()).get("sizes", {})
-    except (ValueError, AttributeError):
-        return []
+        marker = json.loads((entry / MARKER).read_text())
+    except ValueError:  # cut short, or other bytes (UnicodeDecodeError is a ValueError)
+        return [MARKER]
+    if not isinstance(marker, dict):
+        return [MARKER]
+    sizes = marker.get("sizes", {})
     damaged = []
     for rel, size in sizes.items():
         path = entry / rel
         if not path.is_file() or path.stat().st_size != size:
             damaged.append(rel)
     return damaged
+
+
+def read_info(entry: Path) -> dict[str, Any] | None:
+    """The entry's info.json, or None when it does not parse as an object."""
+    try:
+        info = json.loads((entry / "info.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def rebuild_hint(entry: Path) -> str:
+    return f"delete the cache entry {entry} and the next run prepares it again"
+
+
+def read(path: Path, reader: Callable[[Path], Any]) -> Any:
+    """reader(path) for a file of a complete entry; a file that does not read (damaged since it was written, at
+    the same size) raises ValueError naming it and the entry to delete."""
+    try:
+        return reader(path)
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"{path} in the data cache does not read ({type(e).__name__}: {str(e)[:160]}); "
+                         f"{rebuild_hint(path.parent)}") from None
 
 
 def remove_stale_builds(root: Path) -> None:
@@ -85,10 +113,14 @@ def prepared(root: str | Path, name: str, files: list[str | Path], settings: dic
     entry = root / f"{name}-{key}"
     if (entry / MARKER).is_file():
         damaged = damaged_files(entry)
-        if not damaged:
-            return entry, json.loads((entry / "info.json").read_text())
-        say(f"{entry} is damaged ({', '.join(damaged[:3])} not the size it was written with: truncated?); "
-            f"rebuilding it")
+        info = None if damaged else read_info(entry)
+        if info is not None:
+            return entry, info
+        if damaged and damaged != [MARKER]:
+            why = f"{', '.join(damaged[:3])} not the size it was written with: truncated?"
+        else:
+            why = f"{MARKER if damaged else 'info.json'} does not parse"
+        say(f"{entry} is damaged ({why}); rebuilding it")
         shutil.rmtree(entry, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     remove_stale_builds(root)

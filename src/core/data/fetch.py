@@ -14,6 +14,7 @@ refused. Every request has a timeout; without a network the command says so and 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import os
 import shutil
@@ -22,6 +23,7 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,16 +178,20 @@ def place(source: Path, target: Path) -> Path:
 def unpack(archive: Path, members: dict[str, str], dest: Path) -> list[Path]:
     """The archive's files named in `members` (by base name, wherever they are inside) into dest."""
     out = []
-    with tarfile.open(archive) as tar:
-        found = {Path(m.name).name: m for m in tar.getmembers() if m.isfile() and Path(m.name).name in members}
-        missing = sorted(set(members) - set(found))
-        if missing:
-            raise FetchError(f"{archive.name} has no {', '.join(missing)}")
-        for base, rel in members.items():
-            tmp = archive.parent / f"{base}.part"
-            with tar.extractfile(found[base]) as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            out.append(place(tmp, dest / rel))
+    try:
+        with tarfile.open(archive) as tar:
+            found = {Path(m.name).name: m for m in tar.getmembers() if m.isfile() and Path(m.name).name in members}
+            missing = sorted(set(members) - set(found))
+            if missing:
+                raise FetchError(f"{archive.name} has no {', '.join(missing)}")
+            for base, rel in members.items():
+                tmp = archive.parent / f"{base}.part"
+                with tar.extractfile(found[base]) as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                out.append(place(tmp, dest / rel))
+    except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error) as e:  # cut short, or other bytes
+        raise FetchError(f"{archive} is not a readable archive ({type(e).__name__}: {e}): truncated or damaged; "
+                         f"delete it and fetch again") from None
     return out
 
 

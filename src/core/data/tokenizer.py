@@ -136,15 +136,24 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> Tokeniz
     return tok
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer a `save` wrote (a str or a Path)."""
+def load_tokenizer(path: str | Path, fix: str = "replace it with an intact copy") -> Tokenizer:
+    """The tokenizer a `save` wrote (a str or a Path). A file that does not parse raises ValueError naming it, with
+    `fix` (what to do about it where it lies)."""
     path = Path(path)
-    data = json.loads(path.read_text())
-    if data.get("kind") == "char":
-        return CharTokenizer(data["chars"], specials=bool(data.get("specials", SPECIALS)))
-    from tokenizers import Tokenizer as HFTokenizer
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not a tokenizer's object")
+        if data.get("kind") == "char":
+            return CharTokenizer(data["chars"], specials=bool(data.get("specials", SPECIALS)))
+        from tokenizers import Tokenizer as HFTokenizer
 
-    return BpeTokenizer(HFTokenizer.from_file(str(path)))
+        return BpeTokenizer(HFTokenizer.from_file(str(path)))
+    except OSError:
+        raise  # missing or unreadable: not the file's content
+    except Exception as e:  # noqa: BLE001  (JSON, a missing key, or the tokenizers library's own exception type)
+        raise ValueError(f"{path} is not a readable tokenizer file ({type(e).__name__}: {str(e)[:160]}): truncated "
+                         f"or damaged; {fix}") from None
 
 
 def check_kind(kind: str, vocab_size: int) -> None:

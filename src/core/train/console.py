@@ -19,14 +19,17 @@ _JOB: list[str] = []  # the job's prefix in a sweep, e.g. "job 3 norm=pre" (empt
 DROPPED = (
     "💡 Tip:",  # Lightning's advertisements
     "TPU available:", "HPU available:", "IPU available:",
-    "Restoring states from the checkpoint path", "Loaded model weights from the checkpoint",  # fit.py says which
+    "Restoring states from the checkpoint path", "Restored all states from the checkpoint",  # fit.py says which
+    "Loaded model weights from the checkpoint",
     "`weights_only` was not set",  # Lightning loading train.py's own checkpoint for the final evaluation
+    "`Trainer(val_check_interval=1",  # fit.py says how often a short run validates (and why)
 )
 # Python warnings about the libraries' internals, not about anything the user set
 QUIET_WARNINGS = (
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
     r"Experiment logs directory .* exists and is not empty.*",  # the CSV logger in a run directory train.py made
     r".*The anonymous setting has no effect.*",
+    r"Checkpoint directory .* exists and is not empty.*",  # a resumed or overwritten run's own folder (rundir.py)
 )
 
 
@@ -37,7 +40,7 @@ class ConsoleFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        text = super().format(record).rstrip("\n")  # a captured warning ends with a newline: no empty line after
         stamp, _, message = text.partition(" ")
         if record.levelno >= logging.WARNING:
             message = f"{record.levelname.lower()}: {message}"

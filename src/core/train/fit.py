@@ -330,6 +330,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
             overrides=info.overrides, seed=cfg.seed, params=n_params, task_family=family(setup.task),
             steps=trainer.global_step, train=train,
+            budget=setup.budget.record(trainer.global_step) if setup.budget else None,
             splits={"val": metrics_of("val", val), **{s: metrics_of(s, test) for s in setup.task.test_splits}},
             by_length=lit.by_length, by_context=by_context, best_checkpoint=best,
             last_checkpoint=str(info.run_dir / CKPT_DIR / "last.ckpt"),

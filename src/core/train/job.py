@@ -39,10 +39,11 @@ from archsweep.core.train.rules import AFTER_IMPORTS, check_rules, decay_after_w
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process, withdraw
 from archsweep.core.train.runinfo import RunInfo, override_key, run_info
 from archsweep.core.train.schemas import check_schemas
-from archsweep.core.train.setup import ConfigError, Setup
-from archsweep.core.train.sweep import append_summary, earlier_run
+from archsweep.core.train.setup import Budget, ConfigError, Setup
+from archsweep.core.train.sweep import append_summary, earlier_run, failure_line
 
 log = logging.getLogger("train")
+BUDGET_SLACK = 0.05  # whole steps that miss budget.flops / budget.tokens by more than this fraction are warned about
 
 
 class Checked(NamedTuple):
@@ -153,28 +154,39 @@ def match_flops(model_cfg: ModelConfig, target: Any, task: Task, field: str = "d
     return matched
 
 
-def apply_budget(cfg: DictConfig, model_cfg: ModelConfig, task: Task) -> None:
-    """budget.flops or budget.tokens -> trainer.max_steps (the nearest whole number of optimiser steps), from the
-    task's batch shape, the gradient accumulation and the number of processes."""
+def apply_budget(cfg: DictConfig, model_cfg: ModelConfig, task: Task) -> Budget | None:
+    """budget.flops or budget.tokens -> trainer.max_steps (the nearest whole number of optimiser steps, at least
+    one), from the task's batch shape, the gradient accumulation and the number of processes. A budget below one
+    step, or one that whole steps miss by more than BUDGET_SLACK, is warned about with what the run spends."""
     budget = cfg.get("budget") or {}
     flops, tokens = budget.get("flops"), budget.get("tokens")
     if flops is None and tokens is None:
-        return
+        return None
     from archsweep.core.model.build import flop_count, tokens_of
     from archsweep.variants.flops import TRAIN_FACTOR
 
     shape = task.flop_shape(model_cfg.kind)
     batches = int(cfg.trainer.get("accumulate_grad_batches", 1)) * (processes(cfg.trainer) or 1)
     if flops is not None:
-        per_step = TRAIN_FACTOR * flop_count(model_cfg, shape) * batches
-        what = f"budget.flops={flops:.3g} at {per_step:.4g} FLOPs per step"
+        unit, requested, per_step = "flops", float(flops), float(TRAIN_FACTOR * flop_count(model_cfg, shape) * batches)
+        what, amount = f"budget.flops={flops:.3g}", lambda x: f"{x:.4g} FLOPs"
     else:
-        per_step = tokens_of(shape) * batches
-        what = f"budget.tokens={tokens:.4g} at {per_step:,} tokens per step"
-    steps = max(1, round((flops if flops is not None else tokens) / per_step))
+        unit, requested, per_step = "tokens", float(tokens), float(tokens_of(shape) * batches)
+        what, amount = f"budget.tokens={tokens:.4g}", lambda x: f"{x:,.0f} tokens"
+    steps = max(1, round(requested / per_step))
     with open_dict(cfg):
         cfg.trainer.max_steps = steps
-    log.info(f"{what}: trainer.max_steps={steps}")
+    spent = steps * per_step
+    if requested < per_step:
+        log.warning(f"{what} is below one step ({amount(per_step)} per step); trainer.max_steps=1 spends "
+                    f"{amount(spent)}, {spent / requested:.3g}x the budget. Raise budget.{unit} to a whole number of "
+                    f"steps, or use a smaller model or batch")
+    elif abs(spent / requested - 1) > BUDGET_SLACK:
+        log.warning(f"{what} at {amount(per_step)} per step: trainer.max_steps={steps} spends {amount(spent)}, "
+                    f"{spent / requested - 1:+.1%} from the budget (whole steps)")
+    else:
+        log.info(f"{what} at {amount(per_step)} per step: trainer.max_steps={steps}")
+    return Budget(unit, requested, per_step, steps)
 
 
 def check_training(cfg: DictConfig) -> Checked:
@@ -219,15 +231,16 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
         raise ConfigError(str(e)) from None
     checked = check_training(cfg)  # before the model: its variants import torch, these settings need not
     model_cfg = model_config(cfg, task)
+    budget = None
     if cfg.get("budget") is not None:
         steps = cfg.trainer.max_steps
-        apply_budget(cfg, model_cfg, task)
+        budget = apply_budget(cfg, model_cfg, task)
         try:  # the schedule against the steps the budget gives (checked already if they are the same)
             if cfg.trainer.max_steps != steps:
                 check_rules(cfg, task, (warmup_within_training, decay_after_warmup))
         except ValueError as e:
             raise ConfigError(f"the budget gives trainer.max_steps={cfg.trainer.max_steps}: {e}") from None
-    return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks)
+    return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks, budget=budget)
 
 
 def check_resume(setup: Setup, resume: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> None:
@@ -316,12 +329,12 @@ def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, An
     except ValueError as e:
         raise CellConflict(str(e)) from None
     if state == "finished":
-        log.info(f"job {info.job_num} ({info.name}): {results['status']} earlier in {info.run_dir}; skipped")
+        log.info(f"{results['status']} earlier in {info.run_dir}; skipped")  # the line's [job N cell] names it
         return results
     if state == "resume" and setup.ckpt_path is None:
         setup.ckpt_path = usable_checkpoint(info)
         if setup.ckpt_path is not None:
-            log.info(f"job {info.job_num} ({info.name}): resuming the interrupted run from {setup.ckpt_path}")
+            log.info(f"resuming the interrupted run from {setup.ckpt_path}")
     return None
 
 
@@ -337,9 +350,8 @@ def usable_checkpoint(info: RunInfo) -> Path | None:
             return path
         except CheckpointError as e:
             path.replace(path.with_name(name + ".corrupt"))
-            log.warning(f"job {info.job_num} ({info.name}): {e}; kept as {path.name}.corrupt")
-    log.warning(f"job {info.job_num} ({info.name}): no checkpoint of the interrupted run loads; the cell restarts "
-                f"from step 0")
+            log.warning(f"{e}; kept as {path.name}.corrupt")
+    log.warning("no checkpoint of the interrupted run loads; the cell restarts from step 0")
     return None
 
 
@@ -396,10 +408,10 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
             withdraw(info.run_dir)  # left (a resumed run's is left as it was)
             raise SystemExit(f"error: {error}") from None
         results = record_failure(info, error, cfg.seed)
-        if info.multirun:
+        if info.multirun:  # an error other jobs of the sweep printed already is named, not repeated
+            line = failure_line(info, results["error"])
             append_summary(info, results)
-            log.error(f"job {info.job_num} ({info.name}) failed: {results['error']} (details: "
-                      f"{info.run_dir / 'error.txt'})")
+            log.error(line)
             return math.nan
         if getattr(error, "errno", None) == errno.ENOSPC:  # the disk is full: one line, not a traceback
             raise SystemExit(f"error: {error.strerror if isinstance(error, OSError) else error}") from None

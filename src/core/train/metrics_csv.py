@@ -4,6 +4,7 @@ when it starts, and a resumed run must keep the history it continues."""
 from __future__ import annotations
 
 import csv
+import os
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -67,13 +68,23 @@ class MetricsCSV(Logger):
         rewrite = columns != self.columns or not self.path.is_file()
         if not rewrite and self.written == len(self.rows):
             return
-        self.columns = columns
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "w" if rewrite else "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            if rewrite:
-                writer.writeheader()
-            writer.writerows(self.rows if rewrite else self.rows[self.written:])
+        if rewrite:  # the whole file (a new column, or a resumed run's kept history) goes through a temporary
+            # file renamed into place: a process killed midway leaves the previous file and the temporary one,
+            # which the next start in the run directory removes (rundir.clean_stale_temp)
+            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            try:
+                with open(tmp, "w", newline="") as f:
+                    writer = csv.DictWriter(f, fieldnames=columns)
+                    writer.writeheader()
+                    writer.writerows(self.rows)
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        else:
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=columns).writerows(self.rows[self.written:])
+        self.columns = columns
         self.written = len(self.rows)
 
     @rank_zero_only

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = "results.json"
-VERSION = 2
+VERSION = 3  # 3: compare, budget (2: the schema numbered; 1: before)
 STATUSES = ("completed", "failed", "diverged", "interrupted")
-OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context", "compare")  # JSON objects, or null
+# JSON objects, or null
+OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context", "compare", "budget")
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Results:
     seed: Any = None
     params: int | None = None
     steps: int | None = None  # optimiser steps taken
+    budget: dict[str, Any] | None = None  # budget.flops / budget.tokens: {"unit", "requested", "per_step",
+    # "max_steps", "steps", "spent", "spent_vs_requested"} (spent: the steps taken at per_step, by the budget's count)
     task_family: str | None = None  # lm, translation, classification, synthetic: compare.py's defaults follow it
     diverged: dict[str, Any] | None = None  # {"step", "reason"} when the divergence check stopped the run
     interrupted: dict[str, Any] | None = None  # {"signal", "step", "exit_code"} of a run stopped by a signal

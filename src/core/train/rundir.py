@@ -7,8 +7,8 @@
 - A run, a sweep and each job of a sweep hold an exclusive lock (`.lock`, filelock's SoftFileLock: pid, host)
   on their directory while they work; a second launcher there is refused, and a lock whose process has died
   (same host) is stale and taken over.
-- Temporary files a killed process left (`checkpoints/.<name>.tmp-<pid>`, `*.json.tmp`) are removed at the next
-  start in that directory.
+- Temporary files a killed process left (`checkpoints/.<name>.tmp-<pid>`, `.metrics.csv.tmp-<pid>`, `*.json.tmp`)
+  are removed at the next start in that directory, which says so in one line.
 - A single run's start refused before training (job.py's ConfigError) leaves nothing: the directory made for it
   is removed (`withdraw`), and one that existed (a resumed run's) gets back its `.hydra/` and `train.log`.
 
@@ -159,10 +159,11 @@ def holds_run(run_dir: Path) -> str | None:
 
 
 def clean_stale_temp(directory: Path) -> list[Path]:
-    """Remove the temporary files a killed process left: `checkpoints/.<name>.tmp-<pid>` of a dead process (same
-    host) and `<name>.json.tmp` (results, written and renamed at once by whoever holds the directory)."""
+    """Remove the temporary files a killed process left: `checkpoints/.<name>.tmp-<pid>` and `.metrics.csv.tmp-<pid>`
+    of a dead process (same host) and `<name>.json.tmp` (results, written and renamed at once by whoever holds the
+    directory)."""
     removed = []
-    for tmp in [*(directory / CKPT_DIR).glob(".*.tmp-*"), *directory.glob("*.json.tmp")]:
+    for tmp in [*(directory / CKPT_DIR).glob(".*.tmp-*"), *directory.glob(".*.tmp-*"), *directory.glob("*.json.tmp")]:
         pid = tmp.name.rsplit("-", 1)[-1] if ".tmp-" in tmp.name else None
         if pid is not None and pid.isdigit() and _alive(int(pid)) and int(pid) != os.getpid():
             continue

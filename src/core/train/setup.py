@@ -20,6 +20,23 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class Budget:
+    """budget.flops or budget.tokens as job.py turned it into trainer.max_steps (whole optimiser steps)."""
+
+    unit: str  # "flops" or "tokens"
+    requested: float  # what the budget asked for
+    per_step: float  # what one optimiser step costs, by the same count
+    max_steps: int  # the steps it gives: at least one, the nearest whole number
+
+    def record(self, steps: int) -> dict[str, Any]:
+        """results.json's `budget`: the request, the cost of a step, and what the `steps` trained spent."""
+        spent = steps * self.per_step
+        return {"unit": self.unit, "requested": self.requested, "per_step": self.per_step,
+                "max_steps": self.max_steps, "steps": steps, "spent": spent,
+                "spent_vs_requested": spent / self.requested - 1}
+
+
+@dataclass
 class Setup:
     model_cfg: ModelConfig  # task fields filled in, match_params applied
     task: Task
@@ -30,3 +47,4 @@ class Setup:
     # `_target_` naming a Lightning Callback, for hydra.utils.instantiate
     resume: dict[str, Any] | None = None  # the checkpoint's `archsweep` entry, checked against model_cfg
     resume_step: int | None = None  # the checkpoint's global step (metrics.csv keeps the rows logged before it)
+    budget: Budget | None = None  # budget.flops / budget.tokens, when one set trainer.max_steps

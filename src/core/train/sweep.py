@@ -1,6 +1,10 @@
 """Sweep bookkeeping: every job appends its outcome to <sweep dir>/summary.jsonl; when the sweep ends, a table
 of all jobs is printed, and the process exits non-zero if any job failed (after all of them ran).
 
+A failed job prints its error in full only when no other job of the same launch has printed it (the jobs, in
+whatever processes the launcher runs them, see each other's lines in summary.jsonl); the end of the sweep lists
+each distinct error once, with the jobs it hit and where their results.json hold it.
+
 Re-running a sweep into its own directory (`hydra.sweep.dir=<dir>`; experiment presets use a fixed one) skips
 the cells already completed or diverged there, resumes interrupted ones from their last checkpoint, and runs
 the rest. A directory holding a sweep launched with other overrides is refused before any job starts, so no
@@ -12,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.model.checkpoint import CKPT_DIR
+from archsweep.core.train.console import set_job
 from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, is_worker_process, setting_of, writable_directory
 from archsweep.core.train.runinfo import is_setting, override_key
@@ -26,6 +33,8 @@ from archsweep.core.train.runinfo import is_setting, override_key
 log = logging.getLogger("train")
 SUMMARY = "summary.jsonl"
 FINISHED = ("completed", "diverged")  # outcomes a re-run keeps; a failed or interrupted cell runs again
+LAUNCH_ENV = "ARCHSWEEP_SWEEP_LAUNCH"  # an id of this launch of the sweep, set by SweepSummary in the launching
+# process before any job starts; jobs in other processes (joblib, submitit) inherit it with the environment
 
 
 def _sweep_overrides(cfg: DictConfig) -> list[str]:
@@ -90,7 +99,7 @@ def earlier_run(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, A
 def append_summary(info: Any, results: dict[str, Any], skipped: bool = False) -> None:
     line = {"job": info.job_num, "name": info.name, "status": results.get("status"), "error": results.get("error"),
             "run_dir": str(info.run_dir), "overrides": info.overrides, "skipped": skipped,
-            "task_family": results.get("task_family"),
+            "task_family": results.get("task_family"), "launch": os.environ.get(LAUNCH_ENV),
             "val": results.get("val"), "test": results.get("test")}
     with open(Path(info.sweep_dir) / SUMMARY, "a") as f:  # one short append per job
         f.write(json.dumps(line) + "\n")
@@ -101,6 +110,67 @@ def read_summary(sweep_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(sweep_dir) / SUMMARY
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
     return list({row["run_dir"]: row for row in lines}.values())
+
+
+def error_key(row: dict[str, Any]) -> str:
+    """A failed row's error with its own job directory written as `<job dir>`: jobs that failed alike match."""
+    error, run_dir = row.get("error") or "", row.get("run_dir")
+    return error.replace(str(run_dir), "<job dir>") if run_dir else error
+
+
+def failure_line(info: Any, error: str) -> str:
+    """What a failed job prints (before it appends its own summary line): the error in full, or, when a job of
+    this launch has printed the same error already, a short line naming that job."""
+    details = Path(info.run_dir) / "error.txt"
+    launch, key = os.environ.get(LAUNCH_ENV), error_key({"error": error, "run_dir": str(info.run_dir)})
+    path = Path(info.sweep_dir) / SUMMARY
+    try:  # in the order written: the first line of this launch with this error is the job that printed it
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if launch and path.is_file() else []
+    except (OSError, ValueError):  # a line another process is writing: print the error in full
+        rows = []
+    earlier = [r["job"] for r in rows if r.get("launch") == launch and r.get("status") == "failed"
+               and r.get("run_dir") != str(info.run_dir) and error_key(r) == key]
+    if not earlier:
+        return f"failed: {error} (details: {details})"
+    return (f"failed with the error job {earlier[0]} printed (details: {details}); the sweep's end lists each "
+            f"error once")
+
+
+def job_ranges(jobs: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    spans: list[list[int]] = []
+    for job in sorted(jobs):
+        if spans and job == spans[-1][1] + 1:
+            spans[-1][1] = job
+        else:
+            spans.append([job, job])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def distinct_errors(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Failed rows grouped by their error (`error_key`), in the order of their first job."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: r["job"] if r["job"] is not None else -1):
+        if row.get("error"):
+            groups.setdefault(error_key(row), []).append(row)
+    return groups
+
+
+def format_errors(rows: list[dict[str, Any]]) -> str:
+    """Each distinct error of the sweep once: `error K (N of M jobs: <jobs>)`, where the jobs' results.json hold
+    it, and the error (with `<job dir>` for each job's own directory when it names it)."""
+    out = []
+    for k, (key, group) in enumerate(distinct_errors(rows).items(), 1):
+        jobs = [r["job"] for r in group if r["job"] is not None]
+        first = Path(group[0]["run_dir"])
+        if (first / RESULTS).is_file():
+            where = (f"in the results.json of {'each' if len(group) > 1 else 'the'} job "
+                     f"(e.g. {first / RESULTS}; details in error.txt beside it)")
+        else:  # a job refused because its directory holds another run records nothing there
+            where = "in summary.jsonl only (the job directories were left untouched)"
+        error = group[0]["error"] if len(group) == 1 else key
+        out.append(f"error {k} ({len(group)} of {len(rows)} jobs: {job_ranges(jobs)}), {where}:\n  {error}")
+    return "\n".join(out)
 
 
 # The sweep table's figures per task family (results.json's task_family): (header, split, key). Every exact match
@@ -122,6 +192,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     that some row holds; a job without metrics (failed) goes in the last table. A row without a task_family
     (written before it was recorded) counts as synthetic."""
     rows = sorted(rows, key=lambda r: r["job"] if r["job"] is not None else -1)
+    labels = {key: f"error {k}" for k, key in enumerate(distinct_errors(rows), 1)}
     families = list(dict.fromkeys(r.get("task_family") or "synthetic" for r in rows if r.get("val")))
     families = families or ["synthetic"]
     tables = []
@@ -129,11 +200,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         last = i == len(families) - 1
         members = [r for r in rows if ((r.get("task_family") or "synthetic") == name and r.get("val"))
                    or (last and not r.get("val"))]
-        tables.append(family_table(members, name))
+        tables.append(family_table(members, name, labels))
     return "\n\n".join(tables)
 
 
-def family_table(rows: list[dict[str, Any]], name: str) -> str:
+def family_table(rows: list[dict[str, Any]], name: str, labels: dict[str, str]) -> str:
+    """The rows' table; a failed row names its error by label (`labels`: error_key -> "error K")."""
+
     def num(r: dict[str, Any], split: str, key: str) -> Any:
         value = (r.get(split) or {}).get(key)
         return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
@@ -142,7 +215,7 @@ def family_table(rows: list[dict[str, Any]], name: str) -> str:
     lines = [f"{'job':>4}  {'status':<9}  " + "  ".join(f"{c[0]:>{max(len(c[0]), 6)}}" for c in columns)
              + "  name / error"]
     for r in rows:
-        tail = f"{r['name']}: {r['error']}" if r.get("error") else r["name"]
+        tail = f"{r['name']}: {labels[error_key(r)]}" if r.get("error") else r["name"]
         if r.get("skipped"):
             tail += " (finished earlier, skipped)"
         cells = "  ".join(f"{num(r, c[1], c[2]):>{max(len(c[0]), 6)}}" for c in columns)
@@ -172,6 +245,11 @@ class SweepSummary(Callback):
         except BaseException:
             self.lock.release()
             raise
+        os.environ[LAUNCH_ENV] = secrets.token_hex(4)  # before any job starts, so every job's process has it
+        log.info(f"sweep in {sweep_dir}")
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        set_job(None)  # the basic launcher runs the jobs in this process: what follows a job is not that job's
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.lock is not None:
@@ -183,6 +261,11 @@ class SweepSummary(Callback):
         failed = [r for r in rows if r["status"] not in FINISHED]
         log.info(f"sweep {sweep_dir}: {len(rows) - len(failed)} of {len(rows)} jobs completed\n"
                  + format_table(rows))
+        errors = format_errors(rows)
+        if errors:
+            log.info(errors)
         if failed:
-            raise SystemExit(f"error: {len(failed)} of {len(rows)} sweep jobs failed; see {sweep_dir / SUMMARY} "
-                             f"and error.txt in each failed job's directory")
+            distinct = len(distinct_errors(rows))
+            listed = f" ({distinct} distinct error(s), listed above)" if distinct else ""
+            raise SystemExit(f"error: {len(failed)} of {len(rows)} sweep jobs failed{listed}; see "
+                             f"{sweep_dir / SUMMARY} and error.txt in each failed job's directory")

@@ -21,12 +21,22 @@ def digits_file() -> Path:
     return path
 
 
+def read_digits(path: Path) -> np.ndarray:
+    """The gzip'd table; a damaged copy (cut short, other bytes) raises ValueError naming it."""
+    try:
+        return np.loadtxt(path, delimiter=",", dtype=np.float32)
+    except (OSError, EOFError, ValueError) as e:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"task=digits: {path} does not read ({type(e).__name__}: {str(e)[:160]}): the installed "
+                         f"file is damaged; reinstall scikit-learn (pip install --force-reinstall scikit-learn)") \
+            from None
+
+
 class DigitsTask(ImageTask):
     name = "digits"
 
     def __init__(self, batch_size: int, val_fraction: float = 0.15, test_fraction: float = 0.15,
                  split_seed: int = 0, random_crop_padding: int = 0, horizontal_flip: bool = False) -> None:
-        table = np.loadtxt(digits_file(), delimiter=",", dtype=np.float32)  # (1797, 64 pixels + label)
+        table = read_digits(digits_file())  # (1797, 64 pixels + label)
         self.x = table[:, :-1].reshape(-1, 1, 8, 8) / 16.0  # (N, 1, 8, 8) in [0, 1]
         self.y = table[:, -1].astype(np.int64)
         self.class_names = [str(d) for d in range(10)]

@@ -18,6 +18,7 @@ shifts of up to that many pixels) and `horizontal_flip` (mirror half the images)
 from __future__ import annotations
 
 import math
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,8 +178,9 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
             raise
         raise ValueError(f"task.path={path} cannot be read as an .npz of plain arrays ({e}); it is not loaded "
                          f"(object arrays would need unpickling, which is never done)") from None
-    except (OSError, EOFError) as e:
-        raise ValueError(f"task.path={path} is not a readable .npz file ({e})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:  # a truncated copy has lost the archive's directory
+        raise ValueError(f"task.path={path} is not a readable .npz file ({type(e).__name__}: {e}): truncated or "
+                         f"damaged (an interrupted copy?); copy or save it again") from None
     if x.ndim not in (3, 4) or y.ndim != 1 or len(x) != len(y) or not len(x):
         raise ValueError(f"task.path={path}: x has shape {x.shape} and y {y.shape}; x must be (N, H, W) or "
                          f"(N, H, W, C) and y (N,), with the same N > 0")

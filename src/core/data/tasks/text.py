@@ -126,7 +126,7 @@ class TextTask(Task):
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.dir / "tokenizer.json")
+            self._tokenizer = load_tokenizer(self.dir / "tokenizer.json", cache.rebuild_hint(self.dir))
         return self._tokenizer
 
     def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
@@ -142,7 +142,7 @@ class TextTask(Task):
 
         name = "train" if split == "train" else "val"
         if name not in self._arrays:
-            self._arrays[name] = np.load(self.dir / f"{name}.npy", mmap_mode="r")
+            self._arrays[name] = cache.read(self.dir / f"{name}.npy", lambda f: np.load(f, mmap_mode="r"))
         return self._arrays[name]
 
     def token_stream(self, split: str):

@@ -116,7 +116,7 @@ class TranslationTask(Task):
     def tokenizer(self, side: str = "tgt"):
         if side not in self._tokenizers:
             name = "tokenizer.json" if self.vocab == "joint" else f"tokenizer.{side}.json"
-            self._tokenizers[side] = load_tokenizer(self.dir / name)
+            self._tokenizers[side] = load_tokenizer(self.dir / name, cache.rebuild_hint(self.dir))
         return self._tokenizers[side]
 
     def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
@@ -128,7 +128,7 @@ class TranslationTask(Task):
         """The split's sentences by line index (`batch["ids"]`), as read (detokenised)."""
         import json
 
-        return json.loads((self.dir / f"{split}.json").read_text())[side]
+        return cache.read(self.dir / f"{split}.json", lambda f: json.loads(f.read_text()))[side]
 
     def save(self, run_dir: str | Path) -> None:
         for f in self.dir.glob("tokenizer*.json"):
@@ -144,8 +144,8 @@ class TranslationTask(Task):
         if split not in self._loaded:
             arrays = {}
             for side in ("src", "tgt"):
-                arrays[side] = np.load(self.dir / f"{split}.{side}.npy", mmap_mode="r")
-                off = np.load(self.dir / f"{split}.{side}.offsets.npy")
+                arrays[side] = cache.read(self.dir / f"{split}.{side}.npy", lambda f: np.load(f, mmap_mode="r"))
+                off = cache.read(self.dir / f"{split}.{side}.offsets.npy", np.load)
                 arrays[f"{side}_start"] = off[:-1]
                 arrays[f"{side}_len"] = np.diff(off)
             self._loaded[split] = arrays
