@@ -8,13 +8,9 @@ import operator
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from archsweep.core.report.runs import CompareError, Run, ignored, key_of, lookup, metric, read_config
-
-if TYPE_CHECKING:
-    from archsweep.core.report.significance import Contrast
-    from archsweep.core.report.tuning import Tuning
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 LOWER_BETTER = ("loss", "ppl", "bpb", "params", "target")
@@ -130,9 +126,10 @@ class Cell:
     stats: dict[str, Stat] = field(default_factory=dict)
     target_steps: list[int | None] = field(default_factory=list)  # per completed run with metrics; None: never
     best: bool = False
-    tuning: Tuning | None = None  # tuned keys (tuning.py): the values tried, the one chosen (whose runs are `runs`)
+    # tuning.py's Tuning and significance.py's Contrast (typed Any here: those modules import this one)
+    tuning: Any = None  # tuned keys: the values tried, the one chosen (whose runs are `runs`); None: nothing tuned
     others: list[Run] = field(default_factory=list)  # the runs at the tuned values not chosen
-    test: Contrast | None = None  # against the baseline (significance.py); None: no baseline, or this is it
+    test: Any = None  # the Contrast against the baseline; None: no baseline, or this is it
 
     @property
     def label(self) -> str:

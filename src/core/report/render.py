@@ -345,8 +345,8 @@ def json_text(report: Report) -> str:
 def significance_json(sig: Significance | None) -> dict[str, Any] | None:
     if sig is None:
         return None
-    return {"baseline": sig.spec, "baselines": [b.values for b in sig.baselines], "metric": vars(sig.metric), "alpha": sig.alpha,
-            "confidence": sig.confidence, "detect": sig.detect, "power": POWER}
+    return {"baseline": sig.spec, "baselines": [b.values for b in sig.baselines], "metric": vars(sig.metric),
+            "alpha": sig.alpha, "confidence": sig.confidence, "detect": sig.detect, "power": POWER}
 
 
 def tuned_json(cell: Cell) -> dict[str, Any] | None:
