@@ -52,10 +52,12 @@ def test_ablation_preset_is_a_whole_grid_with_seeds(name):
     assert cfg.hydra.sweep.dir == f"outputs/sweeps/{name}"  # fixed: re-running it skips finished cells
 
 
-def test_norm_placement_grid_is_placements_by_depth_by_warmup():
-    grid = sweep_values(compose_train("experiment=norm_placement", hydra=True).hydra.sweeper.params)
+def test_norm_placement_grid_is_placements_by_warmup_by_a_tuned_learning_rate():
+    cfg = compose_train("experiment=norm_placement", hydra=True)
+    grid = sweep_values(cfg.hydra.sweeper.params)
     assert grid["norm"] == options("norm")  # glob(*): a new placement joins the grid
-    assert grid["model.n_layers"] == ["2", "6"] and grid["schedule.warmup_steps"] == ["0", "100"]
+    assert grid["schedule.warmup_steps"] == ["0", "100"] and len(grid["optim.lr"]) == 4 and cfg.model.n_layers == 6
+    assert list(cfg.compare.tune) == ["optim.lr"] and cfg.compare.baseline == "norm=pre"
 
 
 def test_stability_preset_is_qk_norm_by_logit_softcap_at_the_unstable_rate():
