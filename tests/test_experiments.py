@@ -60,11 +60,12 @@ def test_norm_placement_grid_is_placements_by_warmup_by_a_tuned_learning_rate():
     assert list(cfg.compare.tune) == ["optim.lr"] and cfg.compare.baseline == "norm=pre"
 
 
-def test_stability_preset_is_qk_norm_by_logit_softcap_at_the_unstable_rate():
+def test_stability_preset_is_qk_norm_by_logit_softcap_tuned_up_to_the_unstable_rates():
     cfg = compose_train("experiment=stability", hydra=True)
     grid = sweep_values(cfg.hydra.sweeper.params)
     assert grid["model.qk_norm"] == ["null", "layernorm"] and grid["model.logit_softcap"] == ["null", "30.0"]
-    assert cfg.model.norm._target_.endswith("PreNorm") and cfg.model.kind == "decoder_only" and cfg.optim.lr == 0.12
+    assert cfg.model.norm._target_.endswith("PreNorm") and cfg.model.kind == "decoder_only"
+    assert max(map(float, grid["optim.lr"])) >= 0.08 and list(cfg.compare.tune) == ["optim.lr"]  # reaches the unstable
     assert cfg.diagnostics.spike_factor < 2.0  # spikes counted at a character LM's scale
 
 
