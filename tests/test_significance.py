@@ -36,6 +36,8 @@ def test_welch_matches_the_hand_computation():
     assert got.p == pytest.approx(2 * stats.t.sf(abs(diff / se), df))
     assert (got.low, got.high) == (pytest.approx(diff - half), pytest.approx(diff + half))
     assert welch(A, B, 0.9).high - welch(A, B, 0.9).low < got.high - got.low  # a narrower interval at 90%
+    ref = stats.ttest_ind(A, B, equal_var=False)  # and scipy's own result object agrees
+    assert got.p == pytest.approx(ref.pvalue) and (got.low, got.high) == pytest.approx(tuple(ref.confidence_interval()))
 
 
 def test_paired_matches_the_hand_computation():
@@ -48,6 +50,8 @@ def test_paired_matches_the_hand_computation():
     assert got.p == pytest.approx(2 * stats.t.sf(abs(statistics.fmean(d) / se), len(d) - 1))
     assert (got.low, got.high) == (pytest.approx(statistics.fmean(d) - half), pytest.approx(statistics.fmean(d) + half))
     assert got.p < welch(A, b).p  # pairing removes the seed-to-seed spread
+    ref = stats.ttest_rel(A, b)
+    assert got.p == pytest.approx(ref.pvalue) and (got.low, got.high) == pytest.approx(tuple(ref.confidence_interval()))
 
 
 def test_holm_by_hand():
