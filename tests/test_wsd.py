@@ -17,6 +17,7 @@ from archsweep.core.report import compare
 from archsweep.core.report.runs import load_run
 from archsweep.core.report.scaling import run_points
 from archsweep.core.train import rules
+from archsweep.core.train.branches import BRANCH_DIR, STATE, stable_path, stable_points
 from archsweep.core.train.job import build_task
 from archsweep.core.train.optim import wsd, wsd_factor
 from archsweep.core.train.schemas import check_schemas
@@ -160,3 +161,16 @@ def test_a_run_without_budgets_is_one_point_and_a_budget_without_the_metric_is_l
     assert run_points(load_run(plain), "val/loss") == {1.0: (5e11, 2.0)}
     points = run_points(load_run(with_budgets), "val/loss")
     assert sorted(points) == [0.2, 0.5, 1.0] and points[0.5] == (5e11, pytest.approx(10 * 5e11 ** -0.05))
+
+
+def test_a_resume_past_a_branch_start_without_its_state_is_refused_and_a_fresh_run_forgets_old_budgets(tmp_path):
+    plan = branch_plan(40, 0.2, [0.25, 0.5])  # branches of 10 and 20 steps, decaying from steps 8 and 16
+    with pytest.raises(ValueError, match=r"the branch at 0.25 \(10 steps\) decays from step 8, which this run, "
+                                         r"resumed at step 12, has passed without saving stable_step8.ckpt"):
+        stable_points(plan, tmp_path, 12)
+    (tmp_path / BRANCH_DIR).mkdir()
+    stable_path(tmp_path, 8).write_bytes(b"state")
+    assert stable_points(plan, tmp_path, 12).paths == {8: stable_path(tmp_path, 8), 16: stable_path(tmp_path, 16)}
+    (tmp_path / BRANCH_DIR / STATE).write_text('{"budgets": []}')
+    stable_points(plan, tmp_path, None)  # from step 0: what an earlier attempt recorded is not this run's
+    assert not (tmp_path / BRANCH_DIR / STATE).exists()

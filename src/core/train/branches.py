@@ -63,11 +63,21 @@ class StablePoints(L.Callback):
             trainer.save_checkpoint(self.paths[step], False)  # optimiser and loops included
 
 
-def stable_points(plan: list[Branch], run_dir: Path, fresh: bool) -> StablePoints:
-    """The callback saving each branch's decay start; a run `fresh` from step 0 forgets budgets recorded by an
-    earlier attempt in this directory."""
-    if fresh:
+def stable_points(plan: list[Branch], run_dir: Path, resume_step: int | None) -> StablePoints:
+    """The callback saving each branch's decay start. A run from step 0 (`resume_step` None) forgets budgets
+    recorded by an earlier attempt in this directory; a resumed one must not have passed a decay start whose state
+    it lacks (ValueError naming the branch and the fix), as when a resume changes trainer.max_steps."""
+    if resume_step is None:
         (run_dir / BRANCH_DIR / STATE).unlink(missing_ok=True)
+    budgets = Budgets(plan, run_dir)
+    for branch in plan:
+        path = stable_path(run_dir, branch.decay_start)
+        if (branch.fraction < 1.0 and resume_step is not None and branch.decay_start < resume_step
+                and not path.is_file() and budgets.recorded(branch) is None):
+            raise ValueError(f"schedule.branches: the branch at {branch.fraction} ({branch.steps} steps) decays from "
+                             f"step {branch.decay_start}, which this run, resumed at step {resume_step}, has passed "
+                             f"without saving {path.name} (its trainer.max_steps changed?); continue it with the "
+                             f"steps it was started with, or start a new run")
     return StablePoints({b.decay_start: stable_path(run_dir, b.decay_start) for b in plan if b.fraction < 1.0})
 
 

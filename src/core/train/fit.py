@@ -54,6 +54,7 @@ from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.runinfo import RunInfo, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.summary import family, summary_line, validation_keys, with_lm_bits
+from archsweep.core.train.wsd import Branch
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -288,7 +289,10 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                                    LearningRateMonitor(logging_interval="step")]  # train/lr/pg<N>
     plan = plan_of(cfg)  # budget branches (schedule.branches): their stable-phase states are saved as the run passes
     if plan:
-        callbacks.append(stable_points(plan, info.run_dir, fresh=setup.ckpt_path is None))
+        try:
+            callbacks.append(stable_points(plan, info.run_dir, (setup.resume_step or 0) if setup.ckpt_path else None))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
@@ -373,7 +377,7 @@ def with_budgets(done: Results, budgets: Budgets, cfg: DictConfig, setup: Setup,
     trainer of its own (no logger: the run's curves stay the run's), then the run itself (branches.py)."""
     done = budgets.run_results(done, trained=compute.flops_this_fit > 0)
 
-    def fit_one(branch: Any) -> dict[str, Any]:
+    def fit_one(branch: Branch) -> dict[str, Any]:
         model = build_model(setup.model_cfg)  # its weights come from the stable-phase checkpoint
         if cfg.compile:
             model.compile()
