@@ -83,3 +83,14 @@ def test_a_run_stopped_during_a_branch_completes_the_missing_ones_once(tmp_path,
     assert sorted(b["fraction"] for b in recorded) == [0.25, 0.5]
     # the run's own figures come from its fit, which the continued process did not repeat
     assert res["total_flops"] == ref["total_flops"] and res["train"] == ref["train"] and res["val"] == ref["val"]
+
+
+def test_a_diverged_run_with_branches_stays_diverged_and_records_no_budgets(tmp_path):
+    """lr=1e30 makes the loss NaN at the first check (step 2), before any branch's decay start was saved."""
+    run_dir = tmp_path / "run"
+    code, out = train(tmp_path, *BRANCHED, "optim.lr=1e30", "trainer.gradient_clip_val=null",
+                      "trainer.log_every_n_steps=2", f"hydra.run.dir={run_dir}")
+    assert code == 0, out[-3000:]
+    res = results(run_dir)
+    assert res["status"] == "diverged" and res["steps"] < 40 and res["budgets"] is None
+    assert "no budgets are recorded" in out

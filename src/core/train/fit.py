@@ -355,7 +355,11 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, fit_time_s=fit_s,
             wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
             world_size=trainer.world_size)
-        if plan:
+        if plan and (lit.diverged or trainer.global_step < cfg.trainer.max_steps):
+            log.warning(f"schedule.branches: the run stopped at step {trainer.global_step} of "
+                        f"{cfg.trainer.max_steps} ({'diverged' if lit.diverged else 'stopped early'}); no budgets "
+                        f"are recorded")
+        elif plan:
             try:
                 done = with_budgets(done, Budgets(plan, info.run_dir), cfg, setup, lit, data, compute, info,
                                     start_time)
