@@ -24,6 +24,7 @@ SLOW = {
     "test_model_learning.py": "*",  # learning tests: tiny models overfit a batch
     "test_inference_cli.py": "*",  # trains two checkpoints through train.py, then generate.py / evaluate.py
     "test_bpb.py": {"test_a_bpe_run_logs_the_bpb_its_checkpoint_gives_by_hand"},  # a train.py run
+    "test_branches.py": "*",  # train.py runs with budget branches, one stopped during a branch and continued
     "test_diagnostics.py": {"test_train_logs_norms_entropy_maps_and_accuracy_by_length",
                             "test_diverging_run_is_stopped_and_marked",  # train.py runs
                             "test_train_refuses_bad_settings_naming_the_field",  # refusals of train.py processes

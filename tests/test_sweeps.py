@@ -73,7 +73,7 @@ def test_compare_aggregates_the_preset_over_seeds(preset_sweep):
     out = run("compare.py", str(sweep), "--target", "val/acc>=0.0")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads((sweep / "comparison.json").read_text())
-    assert report["keys"] == ["norm", "pos"]  # the preset's warm-up and learning-rate axes were pinned on the command line
+    assert report["keys"] == ["norm", "pos"]  # the preset's warm-up and lr axes were pinned on the command line
     rows = {(c["cell"]["norm"], c["cell"]["pos"]): c for c in report["cells"]}
     assert sorted(rows) == [("post", "rotary"), ("post", "sinusoidal"), ("pre", "rotary"), ("pre", "sinusoidal")]
     cells = runs_by_cell(sweep)

@@ -129,9 +129,10 @@ def test_optimiser_and_schedule_options_step(choice):
         scheduler.step()
         lrs.append(scheduler.get_last_lr()[0])
     peak = cfg.optim.lr
+    floor = peak * cfg.schedule.get("min_lr_ratio", 0.0)  # where a decay ends (wsd: 0, at its last step)
     assert lrs[0] < lrs[2] <= peak + 1e-12  # warm-up rises towards optim.lr
     assert max(lrs) == pytest.approx(peak)
-    assert all(0 < lr <= peak + 1e-12 for lr in lrs)
+    assert all(0 < lr <= peak + 1e-12 for lr in lrs if lr != floor) and min(lrs) >= floor - 1e-12
 
 
 def test_adamw_skips_decay_on_norms_biases_and_embeddings():
@@ -272,7 +273,8 @@ def test_a_model_kind_yaml_holds_only_what_differs_from_the_shared_fields(choice
 def schedule_reference(option: str, step: int, warmup: int, total: int, floor: float) -> float:
     """The factor on optim.lr after `step` optimiser steps (0-based), written from the definitions: a linear
     warm-up to 1, then the 2017 paper's inverse square root normalised to 1 at the warm-up's end (noam), a cosine
-    to `floor` at `total` (cosine), or 1 (constant)."""
+    to `floor` at `total` (cosine), 1 and then 1 - sqrt(progress) to `floor` over the last 20% of `total` (wsd), or 1
+    (constant)."""
     t = step + 1
     if t < warmup:
         return t / warmup
@@ -280,6 +282,9 @@ def schedule_reference(option: str, step: int, warmup: int, total: int, floor: f
         return (warmup / t) ** 0.5
     if option == "cosine":
         return floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * min((t - warmup) / (total - warmup), 1.0)))
+    if option == "wsd":
+        start = total - round(0.2 * total)
+        return 1.0 if t <= start else floor + (1 - floor) * (1 - min((t - start) / (total - start), 1.0) ** 0.5)
     return 1.0
 
 

@@ -1,9 +1,11 @@
 """Loss against compute as a power law, per architecture variant (`compare.py --scaling <key>`).
 
 Each completed run is one point: its training FLOPs (results.json `total_flops`) and its final metric (val/loss
-by default, from the checkpoint it was evaluated at). Runs of one variant (the value of `<key>`) are bucketed by
-compute (budgets within 2% are one budget; seeds of a cell are averaged first); the compute frontier is the best
-cell of each budget (the size that budget trains best), and
+by default, from the checkpoint it was evaluated at); a run with budget branches (`schedule=wsd
+schedule.branches=[...]`, results.json `budgets`) is one point per budget: the training FLOPs of that budget's
+steps and its metric at the end of its decay. Points of one variant (the value of `<key>`) are bucketed by
+compute (budgets within 2% are one budget; seeds of a cell are averaged first, budget by budget); the compute
+frontier is the best point of each budget (the size that budget trains best), and
 
     log L = log a - b log C
 
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from archsweep.core.report.cells import Cell
-from archsweep.core.report.runs import CompareError, metric
+from archsweep.core.report.runs import CompareError, Run, metric
 
 SAME_BUDGET = 0.02  # runs whose compute differs by less than this share the budget
 
@@ -38,18 +40,35 @@ class Fit:
     points: list[tuple[float, float, str]] = field(default_factory=list)  # every cell: (compute, metric, cell)
 
 
+def run_points(run: Run, metric_key: str) -> dict[float, tuple[float, float]]:
+    """fraction of the run -> (training FLOPs, metric) of a completed run: each budget it recorded (schedule.branches)
+    that has the metric, else the run itself as fraction 1; {} without total_flops or the metric."""
+    budgets = run.results.budgets or []
+    points = {float(b["fraction"]): (float(b["flops"]), float(b[metric_key])) for b in budgets
+              if isinstance(b.get("flops"), (int, float)) and isinstance(b.get(metric_key), (int, float))
+              and isinstance(b.get("fraction"), (int, float))}
+    if points:
+        return points
+    flops, value = metric(run, "total_flops"), metric(run, metric_key)
+    return {1.0: (flops, value)} if flops and value is not None else {}
+
+
 def cell_points(cells: list[Cell], key: str, metric_key: str) -> dict[str, list[tuple[float, float, str]]]:
-    """variant -> [(mean compute, mean metric, cell label)] over each cell's completed runs."""
+    """variant -> [(mean compute, mean metric, cell label)]: per cell and budget, over the cell's completed runs."""
     out: dict[str, list[tuple[float, float, str]]] = {}
     for cell in cells:
-        runs = [r for r in cell.of("completed") if metric(r, "total_flops") and metric(r, metric_key) is not None]
-        if not runs:
-            continue
-        compute = statistics.fmean(metric(r, "total_flops") for r in runs)
-        value = statistics.fmean(metric(r, metric_key) for r in runs)
-        if math.isfinite(value):
-            label = ", ".join(f"{k}={v}" for k, v in cell.values.items() if k != key)
-            out.setdefault(cell.values.get(key, "-"), []).append((compute, value, label))
+        by_budget: dict[float, list[tuple[float, float]]] = {}
+        for run in cell.of("completed"):
+            for fraction, point in run_points(run, metric_key).items():
+                by_budget.setdefault(fraction, []).append(point)
+        label = ", ".join(f"{k}={v}" for k, v in cell.values.items() if k != key)
+        branched = len(by_budget) > 1
+        for fraction, points in sorted(by_budget.items()):
+            compute = statistics.fmean(p[0] for p in points)
+            value = statistics.fmean(p[1] for p in points)
+            if math.isfinite(value):
+                where = f"{label}, budget {fraction:g}" if branched else label
+                out.setdefault(cell.values.get(key, "-"), []).append((compute, value, where))
     return out
 
 
@@ -87,7 +106,7 @@ def scaling_fits(cells: list[Cell], key: str, keys: list[str], metric_key: str =
     if not by_variant:
         raise CompareError("--scaling: no completed run has total_flops in its results.json (runs from before "
                            "FLOP accounting, or none finished); re-run them, e.g. python train.py -m "
-                           "experiment=scaling")
+                           "experiment=scaling (or experiment=scaling_branches: one run per width)")
     fits = []
     for variant, points in sorted(by_variant.items()):
         best = frontier(points)

@@ -195,10 +195,11 @@ class StopOnSignal(L.Callback):
     completes (and one more when a validation is due after it); last.ckpt is written then and `Interrupted` raised,
     which fit.py turns into results.json `status: interrupted` and a non-zero exit. Resuming from that checkpoint
     continues exactly. A second SIGINT stops at once. With several processes (DDP), Lightning's own SIGTERM
-    handling stops them all, and fit.py reports the last saved checkpoint."""
+    handling stops them all, and fit.py reports the last saved checkpoint. Without `last_path` (a budget branch,
+    which restarts from its own starting point) it stops after the current step and saves nothing."""
 
-    def __init__(self, last_path: str | Path) -> None:
-        self.last_path = str(last_path)
+    def __init__(self, last_path: str | Path | None) -> None:
+        self.last_path = str(last_path) if last_path is not None else None
         self.signum: int | None = None
         self.saved_step: int | None = None
 
@@ -222,7 +223,8 @@ class StopOnSignal(L.Callback):
         if (self.signum is None or self.saved_step is not None or (batch_idx + 1) % trainer.accumulate_grad_batches
                 or (batch_idx + 1) % trainer.val_check_batch == 0):
             return
-        trainer.save_checkpoint(self.last_path, False)  # the full state (optimiser, loops), not weights only
+        if self.last_path is not None:
+            trainer.save_checkpoint(self.last_path, False)  # the full state (optimiser, loops), not weights only
         self.saved_step = trainer.global_step
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,

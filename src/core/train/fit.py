@@ -7,6 +7,7 @@
                              tasks also patches_step_<step>.png: attention over the patches on the images)
 <run dir>/confusion_matrix_<split>.png, .json   image tasks: the test split's confusion matrix
 <run dir>/results.json       final metrics and facts about the run (core/train/results.py: `Results`)
+<run dir>/branches/          schedule.branches: the stable-phase states and budgets.json (core/train/branches.py)
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from archsweep.core.data.paths import cache_dir
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.checkpoint import CKPT_DIR
+from archsweep.core.train.branches import (
+    Budgets,
+    branch_callbacks,
+    branch_trainer_cfg,
+    fit_branch,
+    plan_of,
+    stable_points,
+)
 from archsweep.core.train.callback_group import make_callbacks
 from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, RunCheckpoint, StopOnSignal
 from archsweep.core.train.compute import Compute
@@ -45,6 +54,7 @@ from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.runinfo import RunInfo, compare_block, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup
 from archsweep.core.train.summary import family, summary_line, validation_keys
+from archsweep.core.train.wsd import Branch
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
 
 log = logging.getLogger("train")
@@ -278,6 +288,12 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     last_path = info.run_dir / CKPT_DIR / "last.ckpt"
     callbacks: list[L.Callback] = [ckpt_cb, progress, compute, StopOnSignal(last_path),
                                    LearningRateMonitor(logging_interval="step")]  # train/lr/pg<N>
+    plan = plan_of(cfg)  # budget branches (schedule.branches): their stable-phase states are saved as the run passes
+    if plan:
+        try:
+            callbacks.append(stable_points(plan, info.run_dir, (setup.resume_step or 0) if setup.ckpt_path else None))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     kind, text = setup.model_cfg.kind, codec_from_state(codec)
     if cfg.eval.decode_samples > 0 and codec["seq2seq"] and form_of(kind) != BIDIRECTIONAL:
         callbacks.append(DecodeOnValidation(setup.task, kind, text, setup.decoding, cfg.eval.decode_samples,
@@ -340,8 +356,44 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, fit_time_s=fit_s,
             wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
             world_size=trainer.world_size, compare=compare_block(cfg))
+        if plan and (lit.diverged or trainer.global_step < cfg.trainer.max_steps):
+            log.warning(f"schedule.branches: the run stopped at step {trainer.global_step} of "
+                        f"{cfg.trainer.max_steps} ({'diverged' if lit.diverged else 'stopped early'}); no budgets "
+                        f"are recorded")
+        elif plan:
+            try:
+                done = with_budgets(done, Budgets(plan, info.run_dir), cfg, setup, lit, data, compute, info,
+                                    start_time)
+            except (Interrupted, SIGTERMException) as stop:  # in a branch: continuing the run re-fits that branch
+                signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGTERM
+                last = ckpt_cb.last_model_path or str(last_path)
+                return interrupted_results(trainer, Interrupted(signum, trainer.global_step, last), info, cfg,
+                                           setup, n_params, run_id, ckpt_cb)
         done.write(info.run_dir / RESULTS)
         results = done.to_dict()
         log.info(summary_line(setup.task, results, info.run_dir / RESULTS))
     finish_wandb()
     return results
+
+
+def with_budgets(done: Results, budgets: Budgets, cfg: DictConfig, setup: Setup, lit: LitModel, data: TaskData,
+                 compute: Compute, info: RunInfo, start_time: float) -> Results:
+    """The run's results with `budgets`: each branch not yet recorded is fitted from its stable-phase state by a
+    trainer of its own (no logger: the run's curves stay the run's), then the run itself (branches.py)."""
+    done = budgets.run_results(done, trained=compute.flops_this_fit > 0)
+
+    def fit_one(branch: Branch) -> dict[str, Any]:
+        model = build_model(setup.model_cfg)  # its weights come from the stable-phase checkpoint
+        if cfg.compile:
+            model.compile()
+        schedule = {**lit.schedule_cfg, "total_steps": branch.steps}
+        branch_lit = LitModel(model, lit.forward_fn, lit.optim_cfg, schedule, cfg.label_smoothing, cfg.seed, lit.meta,
+                              setup.task.test_splits, longest_input=lit.longest_input,
+                              token_bytes=setup.task.token_bytes(setup.model_cfg.kind))
+        branch_compute = Compute(cfg.trainer.get("peak_flops"), cache_dir(cfg.task.get("cache_dir")))
+        callbacks = branch_callbacks(branch_compute, start_time, validation_keys(setup.task))
+        trainer = make_trainer(branch_trainer_cfg(cfg, branch), [], callbacks, info.run_dir)
+        return fit_branch(branch, branch_lit, data, trainer, branch_compute, info.run_dir)
+
+    done.budgets = budgets.complete(done, fit_one)
+    return done

@@ -35,7 +35,14 @@ from archsweep.core.train.diagnostics import DiagnosticsConfig
 from archsweep.core.train.loggers import check_logger, finish_wandb
 from archsweep.core.train.results import RESULTS, Results
 from archsweep.core.train.resume import NOT_SAVED, SAVED, saved_overrides
-from archsweep.core.train.rules import AFTER_IMPORTS, check_rules, decay_after_warmup, processes, warmup_within_training
+from archsweep.core.train.rules import (
+    AFTER_IMPORTS,
+    check_rules,
+    decay_after_warmup,
+    decay_phases,
+    processes,
+    warmup_within_training,
+)
 from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_stale_temp, is_worker_process, withdraw
 from archsweep.core.train.runinfo import RunInfo, override_key, run_info
 from archsweep.core.train.schemas import check_schemas
@@ -237,7 +244,7 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
         budget = apply_budget(cfg, model_cfg, task)
         try:  # the schedule against the steps the budget gives (checked already if they are the same)
             if cfg.trainer.max_steps != steps:
-                check_rules(cfg, task, (warmup_within_training, decay_after_warmup))
+                check_rules(cfg, task, (warmup_within_training, decay_after_warmup, decay_phases))
         except ValueError as e:
             raise ConfigError(f"the budget gives trainer.max_steps={cfg.trainer.max_steps}: {e}") from None
     return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks, budget=budget)

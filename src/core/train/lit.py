@@ -141,5 +141,16 @@ class LitModel(L.LightningModule):
         schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
+    def on_train_start(self) -> None:
+        # A restored fit's rates are its schedule's at the restored step. The checkpoint holds the rates of the
+        # schedule that wrote it, which a budget branch (total_steps = its budget) or a resume with another
+        # trainer.max_steps replaces; for the same schedule this sets the rates they already have.
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+                for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs,
+                                               scheduler.lr_lambdas, strict=True):
+                    group["lr"] = base * factor(scheduler.last_epoch)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["archsweep"] = {**self.meta, "model_config": self.model.config.to_dict()}

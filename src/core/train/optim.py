@@ -2,10 +2,11 @@
 and warm-up learning-rate schedules.
 
 The `optim` and `schedule` config groups choose these by `_target_` (with `_partial_: true`: the model, or the
-optimiser, is given at build time): `adamw` and `muon` build optimisers, `noam`, `cosine` and `constant` schedules,
-which are multipliers of optim.lr per optimiser step. `noam` is the 2017 paper's inverse square root (section 5.3)
-normalised to peak at 1 after warm-up, `cosine` decays to min_lr_ratio, `constant` holds. The schemas of both
-groups, which check the settings before torch is imported, are in `schemas.py`.
+optimiser, is given at build time): `adamw` and `muon` build optimisers, `noam`, `cosine`, `constant` and `wsd`
+schedules, which are multipliers of optim.lr per optimiser step. `noam` is the 2017 paper's inverse square root
+(section 5.3) normalised to peak at 1 after warm-up, `cosine` decays to min_lr_ratio, `constant` holds, `wsd` holds
+and then decays over the last decay_fraction of the steps (`wsd.py`). The schemas of both groups, which check
+the settings before torch is imported, are in `schemas.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from archsweep.core.train.muon import Muon
+from archsweep.core.train.wsd import decay_start, decayed
 from archsweep.variants.blocks import Block
 from archsweep.variants.embedding import TokenEmbedding
 
@@ -107,6 +109,26 @@ def cosine(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def wsd_factor(step: int, warmup_steps: int, total_steps: int, decay_fraction: float, decay_shape: str,
+               min_lr_ratio: float) -> float:
+    """The warmup-stable-decay factor for optimiser step `step` (0-based): the warm-up, 1, then from the decay's
+    start the shape's fall to min_lr_ratio, reached at the last step (as `cosine` reaches its floor)."""
+    start = decay_start(total_steps, decay_fraction)
+    if step < start:
+        return warm(step, warmup_steps)
+    progress = min((step + 1 - start) / (total_steps - start), 1.0)
+    return min_lr_ratio + (1 - min_lr_ratio) * decayed(progress, decay_shape)
+
+
+def wsd(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, decay_fraction: float,
+        decay_shape: str, min_lr_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """schedule=wsd: warm-up, constant, then a decay of `decay_shape` over the last `decay_fraction` of
+    total_steps (Hägele et al. 2024)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: wsd_factor(
+        step, warmup_steps, total_steps, decay_fraction, decay_shape, min_lr_ratio))
+
+
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any]) -> torch.optim.lr_scheduler.LRScheduler:
-    """The `schedule` group (a resolved dict): its `_target_` builds the scheduler of `optimizer`."""
-    return instantiate({k: v for k, v in cfg.items() if k != "name"})(optimizer)
+    """The `schedule` group (a resolved dict): its `_target_` builds the scheduler of `optimizer`; `name` and
+    `branches` (budget branches: fit.py's, see branches.py) are not its arguments."""
+    return instantiate({k: v for k, v in cfg.items() if k not in ("name", "branches")})(optimizer)

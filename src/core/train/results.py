@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = "results.json"
-VERSION = 3  # 3: compare, budget (2: the schema numbered; 1: before)
+VERSION = 3  # 3: compare, budget, budgets (2: the schema numbered; 1: before)
 STATUSES = ("completed", "failed", "diverged", "interrupted")
 # JSON objects, or null
 OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context", "compare", "budget")
@@ -41,6 +41,9 @@ class Results:
     splits: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> metric -> value (top-level keys)
     by_length: dict[str, Any] | None = None  # split -> source length -> {"n", "exact_match", "acc"}
     by_context: dict[str, Any] | None = None  # eval.context_lengths: {"split", "train_length", "rows", "ppl_ratio"}
+    budgets: list[dict[str, Any]] | None = None  # schedule.branches: per budget {"fraction", "steps", "decay_start",
+    # "tokens", "flops" (training FLOPs of its steps), "branch_train_flops" (its own decay's; None: the run itself),
+    # "val/<metric>": validated at the end of its decay (the run itself: its val metrics)}, fewest steps first
     best_checkpoint: str | None = None
     last_checkpoint: str | None = None
     resumed_from: str | None = None
@@ -69,6 +72,9 @@ class Results:
             value = getattr(self, key)
             if value is not None and not isinstance(value, dict):
                 raise ValueError(f"{key!r} is a {type(value).__name__}, expected an object")
+        if self.budgets is not None and not (isinstance(self.budgets, list)
+                                             and all(isinstance(b, dict) for b in self.budgets)):
+            raise ValueError(f"'budgets' is a {type(self.budgets).__name__}, expected a list of objects")
         for split, metrics in self.splits.items():
             if not isinstance(metrics, dict):
                 raise ValueError(f"{split!r} is a {type(metrics).__name__}, expected an object of metrics")

@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.data.tasks.base import Task
+from archsweep.core.train.wsd import check_phases
 
 log = logging.getLogger("train")
 
@@ -56,6 +57,26 @@ def decay_after_warmup(cfg: DictConfig, task: Task) -> None:
         raise ValueError(f"schedule.total_steps={total} (trainer.max_steps={cfg.trainer.max_steps}) must exceed "
                          f"schedule.warmup_steps={warmup}; raise the budget or trainer.max_steps, or lower the "
                          f"warm-up")
+
+
+def decay_phases(cfg: DictConfig, task: Task) -> None:
+    """A warmup-stable-decay schedule (and each budget branch of it) against its warm-up, once a budget has set
+    trainer.max_steps (its schema checked the values the yaml gave)."""
+    fraction = cfg.schedule.get("decay_fraction")
+    if fraction is None or cfg.schedule.get("total_steps") is None:
+        return
+    check_phases(cfg.schedule.get("warmup_steps", 0), cfg.schedule.total_steps, fraction,
+                 list(cfg.schedule.get("branches") or []))
+
+
+def branches_on_one_process(cfg: DictConfig, task: Task) -> None:
+    """Budget branches are fitted one after the other inside the job; a data-parallel job's processes would have
+    to start each branch together, which fit.py does not do."""
+    branches = cfg.schedule.get("branches")
+    if branches and str(cfg.trainer.get("strategy", "auto")).startswith("ddp"):
+        raise ValueError(f"schedule.branches={list(branches)} with trainer.strategy={cfg.trainer.strategy}: budget "
+                         f"branches run on one device only; drop the branches (one run per budget), or train on one "
+                         f"device (trainer=cpu or trainer=gpu)")
 
 
 def processes(trainer: DictConfig) -> int | None:
@@ -137,8 +158,8 @@ def tuned_keys_exist(cfg: DictConfig, task: Task) -> None:
 
 
 Rule = Callable[[DictConfig, Task], None]
-RULES: tuple[Rule, ...] = (accelerator_present, warmup_within_training, decay_after_warmup, ddp_validation_batches,
-                           context_lengths_need_text, tuned_keys_exist)
+RULES: tuple[Rule, ...] = (accelerator_present, warmup_within_training, decay_after_warmup, decay_phases,
+                           branches_on_one_process, ddp_validation_batches, context_lengths_need_text, tuned_keys_exist)
 AFTER_IMPORTS: tuple[Rule, ...] = (precision_known,)  # need Lightning: run by job.py after the heavy imports
 
 

@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from archsweep.core.eval.context import check_lengths
 from archsweep.core.model.config import DecodingConfig
 from archsweep.core.train.diagnostics import DiagnosticsConfig
+from archsweep.core.train.wsd import SHAPES, check_phases
 
 SEED_MAX = 2**32 - 1  # what numpy and Lightning's seed_everything take
 MUON_SCALINGS = ("reference", "moonlight")  # muon.py's update scalings
@@ -120,9 +121,13 @@ class WarmupSchema:
     _partial_: bool = True  # optimiser comes at build time
     name: str = MISSING
     warmup_steps: int = MISSING
+    branches: list[float] = field(default_factory=list)  # budget branches: schedule=wsd only (WsdSchema)
 
     def __post_init__(self) -> None:
         check_warmup_steps(self.warmup_steps)
+        if self.branches:
+            refuse("schedule.branches", self.branches, f"needs schedule=wsd: budget branches decay from a stable "
+                                                       f"phase, which schedule={self.name} does not have")
 
 
 @dataclass
@@ -141,6 +146,36 @@ class CosineSchema(WarmupSchema):
             refuse("schedule.total_steps", self.total_steps, f"must exceed schedule.warmup_steps={self.warmup_steps} "
                                                              f"for the cosine schedule; lower the warm-up or raise "
                                                              f"trainer.max_steps")
+
+
+@dataclass
+class WsdSchema(WarmupSchema):
+    """conf/schedule/wsd.yaml: the warm-up, a constant rate, then a decay to a floor over the last decay_fraction
+    of total_steps; `branches` (fractions of total_steps) adds budgets decayed from the stable phase
+    (core/train/wsd.py)."""
+
+    total_steps: int = MISSING
+    decay_fraction: float = MISSING
+    decay_shape: str = MISSING
+    min_lr_ratio: float = MISSING
+
+    def __post_init__(self) -> None:
+        check_warmup_steps(self.warmup_steps)
+        if not 0.0 < self.decay_fraction <= 1.0:
+            refuse("schedule.decay_fraction", self.decay_fraction, "must be in (0, 1]: the share of total_steps "
+                                                                   "spent decaying (Hägele et al. 2024: 0.2)")
+        if self.decay_shape not in SHAPES:
+            refuse("schedule.decay_shape", self.decay_shape, f"must be one of {', '.join(SHAPES)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            refuse("schedule.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]: the rate at the end of the decay "
+                                                               "as a fraction of optim.lr (0 is usual for WSD)")
+        if self.total_steps < 1:
+            refuse("schedule.total_steps", self.total_steps, "must be a positive number of optimiser steps")
+        if list(self.branches) != sorted(set(self.branches)) or not all(0.0 < f <= 1.0 for f in self.branches):
+            refuse("schedule.branches", self.branches, "must be increasing fractions of schedule.total_steps in "
+                                                       "(0, 1], e.g. schedule.branches=[0.25,0.5,1.0] (1.0: the run "
+                                                       "itself)")
+        check_phases(self.warmup_steps, self.total_steps, self.decay_fraction, list(self.branches))
 
 
 @dataclass
@@ -307,6 +342,7 @@ SCHEMAS: dict[str, type] = {  # ConfigStore name -> schema; an option yaml names
     "schema_optim_muon": MuonSchema,
     "schema_schedule_warmup": WarmupSchema,
     "schema_schedule_cosine": CosineSchema,
+    "schema_schedule_wsd": WsdSchema,
     "schema_trainer": TrainerSchema,
     "schema_decoding": DecodingConfig,
     "schema_diagnostics": DiagnosticsConfig,
