@@ -36,9 +36,11 @@ def options(group: str) -> list[str]:
 
 
 def sweep_values(params) -> dict[str, list[str]]:
-    """A preset's sweep, with glob(*) over a group expanded to that group's options, as Hydra's sweeper does."""
+    """A preset's sweep, with glob(*) over a group expanded to that group's options, as Hydra's sweeper does (a
+    single value, which pins a key an inherited preset sweeps, as a one-value list)."""
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
     return {o.key_or_group: o.value().filter(options(o.key_or_group)) if o.value_type == ValueType.GLOB_CHOICE_SWEEP
+            else [str(o.value())] if o.value_type == ValueType.ELEMENT
             else [str(x) for x in o.sweep_string_iterator()] for o in parsed}
 
 
