@@ -73,7 +73,8 @@ def test_a_name_and_a_target_that_disagree_are_refused():
 
 def test_core_never_names_a_variant():
     """The framework asks the registries; no option name of a variant axis is a string literal in src/core
-    (docstrings aside; `none` is also an option of other things: logger=none, reduction="none")."""
+    (docstrings aside; `none` is also an option of other things: logger=none, reduction="none"; and `linear` is
+    a decay shape of schedule=wsd in wsd.py, where it names no attention kind)."""
     import ast
 
     from archsweep.variants.model import KIND
@@ -88,7 +89,7 @@ def test_core_never_names_a_variant():
                       and isinstance(node.body[0].value, ast.Constant)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
-                    and node.value in names:
+                    and node.value in names and (path.name, node.value) != ("wsd.py", "linear"):
                 found.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert not found, found
 
