@@ -30,7 +30,7 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib",
                "flops_per_token", "total_flops", "mfu", "peak_flops", "peak_source", "peak_age_s", "mfu_estimate",
-               "task_family", "interrupted", "compare", "version"}
+               "task_family", "interrupted", "compare", "budget", "budgets", "version"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
 GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding",
           "callbacks",
@@ -83,6 +83,7 @@ def test_single_run_writes_its_directory(tmp_path):
     assert res["status"] == "completed" and res["steps"] == 20 and res["world_size"] == 1
     assert res["task_family"] == "synthetic"  # reversal; compare.py's defaults follow it
     assert res["compare"] == {"tune": [], "baseline": None, "metric": None}  # train.yaml's compare: block
+    assert res["budget"] is None and res["budgets"] is None  # no budget.flops/tokens, no schedule.branches
     assert set(res["val"]) == METRICS | {"decoded_exact_match", "bleu"} and set(res["test"]) == METRICS
     assert set(res["choices"]) == GROUPS
     assert res["choices"]["model"] == "encoder_decoder" and res["choices"]["norm"] == "post"
