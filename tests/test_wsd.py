@@ -4,7 +4,10 @@ schedules and branches (core/train/wsd.py, schemas.py, rules.py), and compare.py
 
 from __future__ import annotations
 
+import json
 import math
+import signal
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,9 +20,11 @@ from archsweep.core.report import compare
 from archsweep.core.report.runs import load_run
 from archsweep.core.report.scaling import run_points
 from archsweep.core.train import rules
-from archsweep.core.train.branches import BRANCH_DIR, STATE, stable_path, stable_points
+from archsweep.core.train.branches import BRANCH_DIR, STATE, Budgets, stable_path, stable_points
+from archsweep.core.train.callbacks import Interrupted, StopOnSignal
 from archsweep.core.train.job import build_task
 from archsweep.core.train.optim import wsd, wsd_factor
+from archsweep.core.train.results import Results
 from archsweep.core.train.schemas import check_schemas
 from archsweep.core.train.wsd import Branch, branch_plan
 
@@ -174,3 +179,37 @@ def test_a_resume_past_a_branch_start_without_its_state_is_refused_and_a_fresh_r
     (tmp_path / BRANCH_DIR / STATE).write_text('{"budgets": []}')
     stable_points(plan, tmp_path, None)  # from step 0: what an earlier attempt recorded is not this run's
     assert not (tmp_path / BRANCH_DIR / STATE).exists()
+
+
+def test_a_signal_a_branch_noted_in_its_last_step_stops_before_the_next_branch_with_that_branch_recorded(tmp_path):
+    """The fit of a branch (or of the run) completes when the signal comes in its last step or final validation;
+    the budget it measured is kept and the next branch does not start (it once ran, losing the signal)."""
+    plan = branch_plan(40, 0.2, [0.25, 0.5, 1.0])
+    fitted = []
+
+    def fit(branch: Branch) -> tuple[dict, int | None]:
+        fitted.append(branch.fraction)
+        return {**asdict(branch), "val/loss": 1.0}, signal.SIGTERM if branch.fraction == 0.25 else None
+
+    run = Results(status="completed", steps=40, total_flops=4e9, flops_per_token=1e3, splits={"val": {"loss": 0.9}})
+    with pytest.raises(Interrupted) as stop:
+        Budgets(plan, tmp_path).complete(run, fit)
+    assert stop.value.signum == signal.SIGTERM and stop.value.step == 40 and fitted == [0.25]
+    kept = json.loads((tmp_path / BRANCH_DIR / STATE).read_text())["budgets"]
+    assert [b["fraction"] for b in kept] == [0.25]
+    # the run's own fit noted one: no branch starts; continued without a signal, only the missing branch is fitted
+    with pytest.raises(Interrupted):
+        Budgets(plan, tmp_path).complete(run, fit, pending=signal.SIGINT)
+    assert fitted == [0.25]
+    budgets = Budgets(plan, tmp_path).complete(run, lambda b: (fit(b)[0], None))
+    assert fitted == [0.25, 0.5] and [b["fraction"] for b in budgets] == [0.25, 0.5, 1.0]
+    assert budgets[2]["val/loss"] == 0.9
+
+
+def test_stop_on_signal_reports_a_signal_it_could_not_act_on():
+    stop = StopOnSignal(None)
+    assert stop.pending is None
+    stop.signum = signal.SIGTERM  # noted by its handler; the fit ended before a step boundary could stop it
+    assert stop.pending == signal.SIGTERM
+    stop.saved_step = 12  # acted on: the fit raised Interrupted, nothing is pending
+    assert stop.pending is None

@@ -115,12 +115,14 @@ class Budgets:
         self.write()
         return done
 
-    def complete(self, done: Results, fit_branch: Callable[[Branch], dict[str, Any]]) -> list[dict[str, Any]]:
+    def complete(self, done: Results, fit_branch: Callable[[Branch], tuple[dict[str, Any], int | None]],
+                 pending: int | None = None) -> list[dict[str, Any]]:
         """results.json's `budgets`, increasing: each branch (fitted by `fit_branch` unless recorded), then the run
-        itself from `done`. `Interrupted` from a branch, or for a signal between branches, propagates with the
-        branches before it recorded."""
+        itself from `done`. `fit_branch` returns the branch's entry and a signal its fit noted too late to stop it;
+        `pending` is one the run's own fit noted so. `Interrupted` from a branch, or for a signal between branches
+        (or noted so), propagates with the branches before it recorded."""
         budgets = []
-        with HeldSignals(done.steps or 0) as held:
+        with HeldSignals(done.steps or 0, pending) as held:
             for branch in self.plan:
                 if branch.fraction >= 1.0:
                     budgets.append(run_budget(branch, done))
@@ -128,9 +130,11 @@ class Budgets:
                 entry = self.recorded(branch)
                 if entry is None:
                     held.check()
-                    entry = fit_branch(branch)
+                    entry, late = fit_branch(branch)
                     self.state["budgets"].append(entry)
                     self.write()
+                    if late is not None:  # in the branch's last step or its validation: it is recorded, stop now
+                        held.signum = late
                 budgets.append(entry)
             held.check()
         return budgets
@@ -142,9 +146,9 @@ class HeldSignals:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, pending: int | None = None) -> None:
         self.step = step  # the run's own, for the interrupted results
-        self.signum: int | None = None
+        self.signum: int | None = pending  # one the run's fit noted in its last step
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> HeldSignals:
@@ -180,11 +184,12 @@ def branch_trainer_cfg(cfg: DictConfig, branch: Branch) -> DictConfig:
 
 
 def fit_branch(branch: Branch, lit: L.LightningModule, data: L.LightningDataModule, trainer: L.Trainer,
-               compute: Compute, run_dir: Path) -> dict[str, Any]:
+               compute: Compute, run_dir: Path) -> tuple[dict[str, Any], int | None]:
     """Fit `lit` (a new model of the run's config whose schedule has total_steps=branch.steps) from the branch's
-    stable checkpoint with `trainer` (from `branch_trainer_cfg`, with `compute` among its callbacks); its budget's
-    entry with its validation metrics (loss, ppl, and bpb for a language model, as the run logs them).
-    `Interrupted` when a signal stops it."""
+    stable checkpoint with `trainer` (from `branch_callbacks`' StopOnSignal and `compute` among its callbacks); its
+    budget's entry with its validation metrics (loss, ppl, and bpb for a language model, as the run logs them), and
+    a signal received in its last step or validation, which the fit completed despite it (else None).
+    `Interrupted` when a signal stops it earlier."""
     ckpt = stable_path(run_dir, branch.decay_start)
     if not ckpt.is_file():
         raise FileNotFoundError(f"schedule.branches: the branch at {branch.fraction} needs {ckpt}, the state at step "
@@ -204,7 +209,8 @@ def fit_branch(branch: Branch, lit: L.LightningModule, data: L.LightningDataModu
              "branch_train_flops": compute.flops_this_fit, **val}
     log.info(f"budget {branch.fraction:g} ({branch.steps} steps): val/loss {val['val/loss']:.4f}, "
              f"{compute.flops:.4g} training FLOPs, of which its decay {compute.flops_this_fit:.4g}")
-    return entry
+    late = next((c.pending for c in trainer.callbacks if isinstance(c, StopOnSignal) and c.pending), None)
+    return entry, late
 
 
 def branch_callbacks(compute: Compute, start_time: float, val_keys: tuple[str, ...]) -> list[L.Callback]:

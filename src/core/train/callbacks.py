@@ -210,6 +210,12 @@ class StopOnSignal(L.Callback):
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, self._handler)
 
+    @property
+    def pending(self) -> int | None:
+        """A signal noted too late to stop this fit: in its last step or its final validation, after which the fit
+        ended on its own. The caller decides (fit.py: before any budget branch, branches.py: before the next)."""
+        return self.signum if self.saved_step is None else None
+
     def _handler(self, signum: int, frame: Any) -> None:
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
             raise KeyboardInterrupt

@@ -286,7 +286,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
     last_path = info.run_dir / CKPT_DIR / "last.ckpt"
-    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, StopOnSignal(last_path),
+    stop_cb = StopOnSignal(last_path)
+    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, stop_cb,
                                    LearningRateMonitor(logging_interval="step")]  # train/lr/pg<N>
     plan = plan_of(cfg)  # budget branches (schedule.branches): their stable-phase states are saved as the run passes
     if plan:
@@ -363,7 +364,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         elif plan:
             try:
                 done = with_budgets(done, Budgets(plan, info.run_dir), cfg, setup, lit, data, compute, info,
-                                    start_time)
+                                    start_time, stop_cb.pending)
             except (Interrupted, SIGTERMException) as stop:  # in a branch: continuing the run re-fits that branch
                 signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGTERM
                 last = ckpt_cb.last_model_path or str(last_path)
@@ -377,12 +378,13 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
 
 
 def with_budgets(done: Results, budgets: Budgets, cfg: DictConfig, setup: Setup, lit: LitModel, data: TaskData,
-                 compute: Compute, info: RunInfo, start_time: float) -> Results:
+                 compute: Compute, info: RunInfo, start_time: float, pending: int | None) -> Results:
     """The run's results with `budgets`: each branch not yet recorded is fitted from its stable-phase state by a
-    trainer of its own (no logger: the run's curves stay the run's), then the run itself (branches.py)."""
+    trainer of its own (no logger: the run's curves stay the run's), then the run itself (branches.py). `pending`: a
+    signal the run's fit noted in its last step, which stops before the first branch."""
     done = budgets.run_results(done, trained=compute.flops_this_fit > 0)
 
-    def fit_one(branch: Branch) -> dict[str, Any]:
+    def fit_one(branch: Branch) -> tuple[dict[str, Any], int | None]:
         model = build_model(setup.model_cfg)  # its weights come from the stable-phase checkpoint
         if cfg.compile:
             model.compile()
@@ -395,5 +397,5 @@ def with_budgets(done: Results, budgets: Budgets, cfg: DictConfig, setup: Setup,
         trainer = make_trainer(branch_trainer_cfg(cfg, branch), [], callbacks, info.run_dir)
         return fit_branch(branch, branch_lit, data, trainer, branch_compute, info.run_dir)
 
-    done.budgets = budgets.complete(done, fit_one)
+    done.budgets = budgets.complete(done, fit_one, pending)
     return done
