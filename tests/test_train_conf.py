@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import get_class
 from omegaconf import OmegaConf
+from shard_folders import make_shards
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
@@ -79,9 +80,25 @@ def test_every_group_has_options():
         assert list((CONF / group).glob("*.yaml")), group
 
 
+@pytest.fixture(scope="module")
+def shard_folder(tmp_path_factory) -> Path:
+    """A token shard folder, for options whose task reads shards and leaves `task.path` to the user."""
+    return make_shards(tmp_path_factory.mktemp("tokens") / "corpus", val_docs=200, shard_tokens=10**5)
+
+
+def shards_given(choice: str, shard_folder: Path, tmp_path: Path, *more: str):
+    """`choice` composed; where its task reads token shards from a path left to the user, with `shard_folder` at
+    a small context and batch (a preset's 1024 x 32 rows of a 50k vocabulary would need gigabytes of logits)."""
+    cfg = compose_train(choice, *more)
+    if not cfg.task._target_.endswith(".TokensTask") or cfg.task.path is not None:
+        return cfg
+    return compose_train(choice, *more, f"task.path={shard_folder}", f"task.cache_dir={tmp_path}",
+                         "task.block_size=32", "task.batch_size=2", "task.val_batches=1", "task.test_batches=1")
+
+
 @pytest.mark.parametrize("choice", options("model", "norm", "pos", "ffn", "attention", "task", "experiment"))
-def test_option_builds_and_runs_forward(choice, image_file):
-    cfg = compose_train(choice, *companions(choice, image_file), *TINY)
+def test_option_builds_and_runs_forward(choice, image_file, shard_folder, tmp_path):
+    cfg = shards_given(choice, shard_folder, tmp_path, *companions(choice, image_file), *TINY)
     task = build_task(cfg)
     model_cfg = model_config(cfg, task)
     check_training(cfg)

@@ -4,7 +4,9 @@ A task describes its codec as a small JSON-serialisable dict (`Task.codec_state(
 every checkpoint:
 - `symbols`: synthetic tasks; ids from `first` on are the listed symbols, written separated by `joiner`;
 - `tokenizer`: text and translation tasks; the tokenizer files' JSON for the source and the target side;
-- `classes`: image tasks; the class names, id i being the i-th (prompts are images, so nothing is encoded).
+- `classes`: image tasks; the class names, id i being the i-th (prompts are images, so nothing is encoded);
+- `ids`: token shards without a tokenizer; ids written as numbers.
+A task with a `codec_state()` method describes its own (`task=tokens`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,24 @@ class TokenizerCodec(Codec):
         return self.tokenizers[side].decode(ids[: ids.index(self.eos_id)] if self.eos_id in ids else ids)
 
 
+class IdsCodec(Codec):
+    """Token ids written as numbers separated by spaces: shards whose tokenizer the run does not have."""
+
+    def __init__(self, eos_id: int) -> None:
+        self.eos_id = eos_id
+
+    def encode(self, text: str, side: str = "src") -> list[int]:
+        try:
+            return [int(p) for p in text.split()]
+        except ValueError:
+            raise ValueError(f"prompt {text[:40]!r}: this model's task has no tokenizer (its shards came without "
+                             f"a tokenizer.json), so a prompt is token ids separated by spaces, e.g. '50256 464'"
+                             ) from None
+
+    def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
+        return " ".join(str(i) for i in map(int, ids))
+
+
 class ClassCodec(Codec):
     eos_id = -1  # a class label has no end token
 
@@ -89,6 +109,8 @@ def codec_from_state(state: dict[str, Any]) -> Codec:
         return TokenizerCodec(state["src"], state["tgt"], state["eos_id"])
     if state.get("type") == "classes":
         return ClassCodec(state["classes"])
+    if state.get("type") == "ids":
+        return IdsCodec(state["eos_id"])
     raise ValueError(f"unknown codec state {json.dumps(state)[:80]}; the checkpoint may come from a newer version")
 
 
@@ -98,6 +120,8 @@ def codec_state_for(task: Any) -> dict[str, Any]:
     from archsweep.core.data.tasks.text import TextTask
     from archsweep.core.data.tasks.translation import TranslationTask
 
+    if hasattr(task, "codec_state"):  # a task that describes its own codec
+        return task.codec_state()
     ids = {"pad_id": task.pad_id, "bos_id": task.bos_id, "eos_id": task.eos_id, "sep_id": task.sep_id}
     if hasattr(task, "first_symbol"):  # synthetic tasks: symbols after the special ids
         name = getattr(task, "symbol", lambda i: str(i - task.first_symbol))

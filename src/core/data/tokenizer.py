@@ -110,10 +110,11 @@ class BpeTokenizer:
             raise ValueError(f"this BPE tokenizer decodes with {self.tok.decoder!r}, not byte-level; bytes per "
                              f"token are known only for byte-level BPE (retrain it with task.tokenizer=bpe)")
         alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        specials = {i for i, added in self.tok.get_added_tokens_decoder().items() if added.special}
         table = []
         for i in range(self.vocab_size):
             symbols = self.tok.id_to_token(i)
-            if i < len(SPECIALS):
+            if i in specials:  # ours: the first six ids; GPT-2's: <|endoftext|>
                 table.append(0)
             elif set(symbols) <= alphabet:
                 table.append(len(symbols))
