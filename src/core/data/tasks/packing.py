@@ -57,8 +57,7 @@ class DocIndex:
         tmp = folder / f"{key}.starts.tmp-{os.getpid()}"
         max_id, n = -1, 0
         with open(tmp, "wb") as out:
-            for lo in range(0, len(tokens), CHUNK):
-                chunk = np.asarray(tokens[lo:lo + CHUNK])
+            for lo, chunk in chunks(tokens):
                 max_id = max(max_id, int(chunk.max()))
                 if boundary_id is not None:
                     hits = np.flatnonzero(chunk == boundary_id).astype(np.int64) + lo
@@ -78,6 +77,48 @@ class DocIndex:
         offsets = np.asarray(self.starts[picks])
         ends = np.where(picks + 1 < n, np.asarray(self.starts[np.minimum(picks + 1, n - 1)]), self.end)
         return offsets, ends - offsets
+
+
+class Reads:
+    """Token ranges of memory-mapped shards read with plain reads (`os.pread`) rather than by slicing the map: a
+    slice maps its pages, and the kernel's fault-around and read-ahead map their neighbours too, into this process,
+    whose resident memory then grows toward the size of the set as random windows touch it. Plain reads leave the
+    pages in the page cache, owned by no process."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, int] = {}
+
+    def __call__(self, tokens: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        hi = min(hi, len(tokens))
+        if not isinstance(tokens, np.memmap) or hi <= lo:
+            return np.asarray(tokens[lo:hi])
+        fd = self.files.get(tokens.filename)
+        if fd is None:
+            fd = self.files[tokens.filename] = os.open(tokens.filename, os.O_RDONLY)
+        raw = os.pread(fd, (hi - lo) * tokens.itemsize, tokens.offset + lo * tokens.itemsize)
+        return np.frombuffer(raw, dtype=tokens.dtype)
+
+    def __getstate__(self) -> dict[str, Any]:  # descriptors do not cross processes: each opens its own
+        return {"files": {}}
+
+    def __del__(self) -> None:
+        for fd in self.files.values():
+            os.close(fd)
+
+
+def chunks(tokens: np.ndarray):
+    """(start, tokens) CHUNK at a time. A memory-mapped file is read with plain reads: the pass then leaves none of
+    the file's pages mapped into this process (mapped pages would count in its resident memory, up to the size of
+    the set)."""
+    if not isinstance(tokens, np.memmap):
+        for lo in range(0, len(tokens), CHUNK):
+            yield lo, np.asarray(tokens[lo:lo + CHUNK])
+        return
+    with open(tokens.filename, "rb") as f:
+        for lo in range(0, len(tokens), CHUNK):
+            count = min(CHUNK, len(tokens) - lo)
+            f.seek(tokens.offset + lo * tokens.itemsize)
+            yield lo, np.fromfile(f, dtype=tokens.dtype, count=count)
 
 
 def best_fit(lengths: np.ndarray, rows: int, width: int) -> list[list[tuple[int, int]]] | None:

@@ -86,6 +86,9 @@ class TokensTask(Task):
                         f"{self.n_batches['val']} batches; validating on those")
         self._indexes: dict[str, list[Any]] = {}
         self._tokenizer = None
+        from archsweep.core.data.tasks.packing import Reads
+
+        self.read = Reads()  # windows by plain reads: the process's memory stays that of its batches
 
     def task_vocab(self, given: int | None, folder: Path) -> int:
         known = self.shards.vocab_size
@@ -168,7 +171,7 @@ class TokensTask(Task):
             here = max(0, (len(tokens) - 1) // self.block_size)
             if w < here:
                 lo = w * self.block_size
-                return np.asarray(tokens[lo:lo + self.block_size + 1])
+                return self.read(tokens, lo, lo + self.block_size + 1)
             w -= here
         raise IndexError(f"window {number} of {split}")
 
@@ -184,7 +187,7 @@ class TokensTask(Task):
         rows = []
         for s in picks:
             o = int(rng.integers(0, room[s]))
-            rows.append(np.asarray(arrays[s][o:o + self.block_size + 1]))
+            rows.append(self.read(arrays[s], o, o + self.block_size + 1))
         return np.stack(rows)
 
     def aligned_rows(self, rng: np.random.Generator) -> np.ndarray:
@@ -214,7 +217,7 @@ class TokensTask(Task):
         for r, row in enumerate(packed):
             at = 0
             for doc, n in row:
-                rows[r, at:at + n] = arrays[s][offsets[doc]:offsets[doc] + n]
+                rows[r, at:at + n] = self.read(arrays[s], offsets[doc], offsets[doc] + n)
                 at += n
         return rows
 
