@@ -163,7 +163,6 @@ class TokensTask(Task):
 
     def window(self, split: str, number: int) -> np.ndarray:
         """Evaluation window `number` (from the end of the split where `eval_windows` says so)."""
-        import numpy as np
 
         source, total, from_end = self.windows[split]
         w = total - 1 - number if from_end else number
