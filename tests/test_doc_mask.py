@@ -259,6 +259,8 @@ def test_bad_doc_ids_are_refused():
         model(tokens(2, 6), doc_ids=torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="doc_ids has shape .* dtype torch.float32"):
         model(tokens(2, 6), doc_ids=torch.zeros(2, 6))
+    with pytest.raises(ValueError, match="doc_ids are on meta but the tokens on cpu"):
+        model(tokens(2, 6), doc_ids=torch.zeros(2, 6, dtype=torch.long, device="meta"))
     cache = KVCache(max_len=8)
     model(tokens(1, 3), cache=cache)
     with pytest.raises(ValueError, match="the KV cache holds 3 tokens decoded without them"):

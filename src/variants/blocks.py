@@ -118,6 +118,9 @@ class Stack(nn.Module):
         if tuple(doc_ids.shape) != tuple(tokens.shape[:2]) or doc_ids.is_floating_point() or doc_ids.is_complex():
             raise ValueError(f"doc_ids has shape {tuple(doc_ids.shape)} and dtype {doc_ids.dtype} but must be an "
                              f"integer tensor shaped like the new tokens (batch, tokens) = {tuple(tokens.shape[:2])}")
+        if doc_ids.device != tokens.device:
+            raise ValueError(f"doc_ids are on {doc_ids.device} but the tokens on {tokens.device}; move them to the "
+                             f"tokens' device")
         if cache is not None and cache.length and cached is None:
             raise ValueError(f"doc_ids were given, but the KV cache holds {cache.length} tokens decoded without "
                              f"them; pass doc_ids from the first call on, or start a new cache")
