@@ -3,8 +3,9 @@
 Self-attention keys and values are written into buffers allocated once for `max_len` tokens, so a decoding
 step costs no reallocation or copy of the history. Cross-attention keys and values are computed once per
 source and kept as they are. Attention kinds that keep something else (a rolling window of keys, a recurrent
-state) keep it in `states[layer]`, a dict of tensors with the batch first. `reorder` selects batch rows (beam
-search) of all of them.
+state) keep it in `states[layer]`, a dict of tensors with the batch first. With document masking the cache also
+keeps the cached tokens' document ids (`doc_ids`), so decoding never attends into another document. `reorder`
+selects batch rows (beam search) of all of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class KVCache:
         self.values: dict[int, Tensor] = {}
         self.cross: dict[int, tuple[Tensor, Tensor]] = {}
         self.states: dict[int, dict[str, Tensor]] = {}  # per layer: what an attention kind keeps instead
+        self.doc_ids: Tensor | None = None  # (B, length) documents of the cached tokens (set by the stack), or None
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new (B, Hkv, T, Dh) keys/values after the cached ones; return all keys/values so far."""
@@ -53,6 +55,8 @@ class KVCache:
                       for layer, (k, v) in self.cross.items()}
         self.states = {layer: {name: t.index_select(0, index) for name, t in state.items()}
                        for layer, state in self.states.items()}
+        if self.doc_ids is not None:
+            self.doc_ids = self.doc_ids.index_select(0, index)
 
     def nbytes(self) -> int:
         """Memory held by self-attention keys/values and states (cross-attention's fixed source excluded)."""

@@ -234,6 +234,27 @@ AXES: dict[str, Registry] = {f.name: f.metadata["registry"] for f in dataclasses
                              if "registry" in f.metadata}  # variant fields with options: norm, pos, ffn, attention
 
 
+def check_doc_mask(cfg: ModelConfig) -> None:
+    """Refuse document masking (`task.doc_mask=true`: attention block-causal across the documents packed into a
+    row) where the model kind or the attention kind cannot apply it; each says why itself (`doc_mask_refusal`)."""
+    for axis, group in (("kind", "model"), ("attention", "attention")):
+        reason = cfg.variant(axis).doc_mask_refusal(cfg.options(axis))
+        if reason is None:
+            continue
+        registry = KIND if axis == "kind" else AXES[axis]
+        fitting = [n for n in registry.names() if registry.get(n).doc_mask_refusal(_defaults(registry, n)) is None]
+        raise ValueError(f"task.doc_mask=true cannot be used with {group}={cfg.choice(axis)}: {reason}; set "
+                         f"task.doc_mask=false or choose {group}={' or '.join(fitting)}")
+
+
+def _defaults(registry: Registry, name: str) -> dict[str, Any]:
+    """The default options of a variant (those without a default are left out; a model kind has none)."""
+    if registry is KIND:
+        return {}
+    params = registry.options(registry.get(name))
+    return {key: p.default for key, p in params.items() if p.default is not p.empty}
+
+
 @dataclass
 class DecodingConfig:
     """How to decode; also the schema of the `decoding` config group (archsweep.core.train.schemas), so a value

@@ -2,8 +2,10 @@
 
 A kind receives projected, rotated queries, keys and values and returns the per-head context; it owns what
 differs about it: which keys a query sees (its mask), what it keeps for decoding (`ctx.cache`), whether it forms
-softmax probabilities (`forms_scores`: additive score biases and attention maps need them) and its FLOPs.
+softmax probabilities (`forms_scores`: additive score biases and attention maps need them), whether it can apply
+document masking (`doc_mask_refusal`) and its FLOPs.
 Masks follow SDPA: a boolean mask is True where a query may attend a key; a float mask is added to the scores.
+Document masking (`ctx.doc_ids`) is one more boolean term of that mask, the same computation on every device.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class AttnContext:
     content_bias: Callable[[Tensor, Tensor, int], Tensor | None] = lambda q, k, layer: None  # per layer (Shaw)
     softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2); None: off
     first_values: Tensor | None = None  # value residual: the first layer's new values (B, Hkv, Tq, Dh), set by it
+    doc_ids: Tensor | None = None  # (B, Tk) document of every key, cached first; a query sees only its own document
     memo: dict[Any, Any] = field(default_factory=dict)
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -51,12 +54,24 @@ class AttnContext:
         """(B, n_keys) True at the real ones among the last n_keys keys."""
         return None if self.pad_mask is None else self.pad_mask[:, self.pad_mask.shape[1] - n_keys:]
 
+    def same_doc(self, n_keys: int) -> Tensor | None:
+        """(B, 1, Tq, n_keys) True where a query and one of the last n_keys keys share a document; None: no
+        document masking."""
+        if self.doc_ids is None:
+            return None
+
+        def make() -> Tensor:
+            queries, keys = self.doc_ids[:, -self.q_len:], self.doc_ids[:, -n_keys:]
+            return (queries[:, :, None] == keys[:, None, :])[:, None]  # (B, 1, Tq, n_keys)
+
+        return self.once(("docs", n_keys), make)
+
     def full_mask(self) -> tuple[Tensor | None, bool]:
         """(mask, is_causal) over every key so far: padding, causality and the score bias."""
         full = self.memo.get("full")  # asked by every layer: no closure per call
         if full is None:
             full = self.memo["full"] = self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
-                                                      self.bias(self.k_len), self.device)
+                                                      self.bias(self.k_len), self.device, self.same_doc(self.k_len))
         return full
 
     def layer_mask(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor | None, bool]:
@@ -66,18 +81,19 @@ class AttnContext:
             return self.full_mask()
         static = self.bias(self.k_len)
         return self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
-                              extra if static is None else static + extra, self.device)
+                              extra if static is None else static + extra, self.device, self.same_doc(self.k_len))
 
 
 def self_attn_mask(pad_mask: Tensor | None, causal: bool, q_len: int, k_len: int, bias: Tensor | None,
-                   device: torch.device) -> tuple[Tensor | None, bool]:
-    """Combine padding, causality and an additive bias into one SDPA mask; returns (mask, is_causal).
+                   device: torch.device, docs: Tensor | None = None) -> tuple[Tensor | None, bool]:
+    """Combine padding, causality, documents and an additive bias into one SDPA mask; returns (mask, is_causal).
 
-    pad_mask: (B, Tk) True at real tokens. Keys cached earlier come first, so the causal diagonal is offset by
-    Tk - Tq. A query that can see no key at all (a pad before a left-padded prompt) is allowed to see every key,
-    which keeps its (ignored) output finite instead of NaN.
+    pad_mask: (B, Tk) True at real tokens; docs: (B, 1, Tq, Tk) True where query and key share a document. Keys
+    cached earlier come first, so the causal diagonal is offset by Tk - Tq. A query that can see no key at all (a
+    pad before a left-padded prompt) is allowed to see every key, which keeps its (ignored) output finite instead
+    of NaN.
     """
-    if pad_mask is None and bias is None:
+    if pad_mask is None and bias is None and docs is None:
         if not causal or q_len == 1:
             return None, False
         if q_len == k_len:
@@ -85,11 +101,15 @@ def self_attn_mask(pad_mask: Tensor | None, causal: bool, q_len: int, k_len: int
     keep = None
     if causal and q_len > 1:
         keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)  # (Tq, Tk)
-    return combine_mask(keep, pad_mask, bias), False
+    return combine_mask(keep, pad_mask, bias, docs), False
 
 
-def combine_mask(keep: Tensor | None, pad_mask: Tensor | None, bias: Tensor | None) -> Tensor | None:
-    """A (Tq, Tk) keep-mask, (B, Tk) key padding and a (1, H, Tq, Tk) float bias as one SDPA mask."""
+def combine_mask(keep: Tensor | None, pad_mask: Tensor | None, bias: Tensor | None,
+                 docs: Tensor | None = None) -> Tensor | None:
+    """A (Tq, Tk) keep-mask, (B, Tk) key padding, (B, 1, Tq, Tk) same-document mask and a (1, H, Tq, Tk) float
+    bias as one SDPA mask."""
+    if docs is not None:
+        keep = docs if keep is None else keep & docs  # (B, 1, Tq, Tk)
     if pad_mask is not None:
         pad = pad_mask[:, None, None, :]  # (B, 1, 1, Tk)
         keep = pad if keep is None else keep & pad  # (B, 1, Tq or 1, Tk)
@@ -142,6 +162,11 @@ class AttentionKernel(nn.Module):
     label: str = ""  # shape trace: what this layer does, e.g. "window 64"
 
     @classmethod
+    def doc_mask_refusal(cls, options: Mapping[str, Any]) -> str | None:
+        """Why this kind, with these options, cannot keep documents apart (`task.doc_mask`); None: it can."""
+        return None
+
+    @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
         """Raise ValueError (naming the field, the value and the fix) if the sizes or options cannot work."""
 
@@ -158,7 +183,8 @@ class AttentionKernel(nn.Module):
 
     def flops_per_token(self, seq_len: int, causal: bool, n_heads: int, head_dim: int) -> float:
         """Forward FLOPs per query token of the attention core (scores, weighting of values, feature maps),
-        averaged over a sequence of seq_len tokens; projections are counted by the layer around it."""
+        averaged over a sequence of seq_len tokens; projections are counted by the layer around it. Document
+        masking leaves the count as it is: the boolean mask still computes the full score matrix."""
         return 4.0 * n_heads * head_dim * mean_keys(seq_len, causal, None)
 
 

@@ -74,6 +74,7 @@ class FeatureMapAttention(AttentionKernel):
     so results do not depend on m (and cached decoding equals the full forward)."""
 
     forms_scores = False
+    DOC_MASK_REFUSAL = "its kernel feature map sums keys without a score matrix to mask"
 
     def __init__(self, layer: int, causal: bool, chunk_size: int, eps: float) -> None:
         super().__init__()
@@ -87,6 +88,10 @@ class FeatureMapAttention(AttentionKernel):
         if options["eps"] <= 0:
             raise ValueError(f"attention.eps={options['eps']} must be positive (it keeps the normaliser off zero)")
 
+    @classmethod
+    def doc_mask_refusal(cls, options: Mapping[str, Any]) -> str | None:
+        return cls.DOC_MASK_REFUSAL
+
     def query_features(self, q: Tensor) -> tuple[Tensor, Tensor | None]:
         """phi(q) / exp(m) and m (B, H, T, 1) per query, or None when no rescaling is needed."""
         raise NotImplementedError
@@ -97,6 +102,10 @@ class FeatureMapAttention(AttentionKernel):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float,
                 record: list[Tensor] | None) -> Tensor:
+        if ctx.doc_ids is not None:
+            raise ValueError(f"doc_ids were given, but attention={self.option_name} cannot keep documents apart: "
+                             f"{self.DOC_MASK_REFUSAL}; call without doc_ids (task.doc_mask=false) or choose an "
+                             f"attention kind that forms a score matrix")
         with torch.autocast(q.device.type, enabled=False):
             k, v = repeat_kv(q, k, v)
             (fq, mq), (fk, m) = self.query_features(q.float()), self.key_features(k.float())  # (B, H, T, F)

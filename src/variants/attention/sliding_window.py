@@ -12,6 +12,7 @@ Otherwise backends: `sdpa` (a boolean band mask over all keys, any device); `fle
 mask, which skips the
 blocks outside the band; compiled on GPUs); `auto` takes `flex` on CUDA when nothing needs the explicit path
 (no score bias, no attention dropout, no recorded maps) and `sdpa` otherwise. Both give the same outputs.
+Document masking (`ctx.doc_ids`) joins the band in the SDPA mask (and in the blocked form); `flex` refuses it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class SlidingWindowAttention(AttentionKernel):
         if options["backend"] not in BACKENDS:
             raise ValueError(f"attention.backend={options['backend']!r} must be one of {', '.join(BACKENDS)}")
 
+    @classmethod
+    def doc_mask_refusal(cls, options: Mapping[str, Any]) -> str | None:
+        if options["backend"] != "flex":
+            return None
+        return ("its backend=flex block mask holds only the window band (documents need the SDPA mask of "
+                "attention.backend=auto or sdpa)")
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float,
                 record: list[Tensor] | None) -> Tensor:
         if not self.local:
@@ -75,14 +83,15 @@ class SlidingWindowAttention(AttentionKernel):
         bias = ctx.bias(n_keys)
         if extra is not None:
             bias = extra if bias is None else bias + extra
-        if ctx.softcap is None and self._use_flex(q, bias, dropout, record):
+        if ctx.softcap is None and self._use_flex(q, bias, dropout, record, ctx.doc_ids is not None):
             return self._flex(q, k, v, ctx)
         if extra is not None:
             mask = combine_mask(band(ctx.q_len, n_keys, self.window, self.causal, ctx.device),
-                                ctx.key_padding(n_keys), bias)
+                                ctx.key_padding(n_keys), bias, ctx.same_doc(n_keys))
         else:
             mask = ctx.once(("window", self.window, n_keys), lambda: combine_mask(
-                band(ctx.q_len, n_keys, self.window, self.causal, ctx.device), ctx.key_padding(n_keys), bias))
+                band(ctx.q_len, n_keys, self.window, self.causal, ctx.device), ctx.key_padding(n_keys), bias,
+                ctx.same_doc(n_keys)))
         return attend(q, k, v, mask, False, dropout, record, ctx.softcap)
 
     def _blocked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float) -> Tensor:
@@ -107,6 +116,10 @@ class SlidingWindowAttention(AttentionKernel):
         real = ctx.pad_mask if ctx.pad_mask is not None else torch.ones(1, t, dtype=torch.bool, device=ctx.device)
         real = F.pad(real, (w, n * w - t + (0 if self.causal else w)), value=False).unfold(1, span * w, w)
         keep = keep & real[:, None, :, None, :]  # (B or 1, 1, n, w, S): keys outside the input are masked
+        if ctx.doc_ids is not None:  # a key of another document is masked too
+            docs = F.pad(ctx.doc_ids, (w, n * w - t + (0 if self.causal else w))).unfold(1, span * w, w)  # (B, n, S)
+            own = F.pad(ctx.doc_ids, (0, n * w - t)).view(-1, n, w)  # (B, n, w): the queries' documents
+            keep = keep & (own[:, None, :, :, None] == docs[:, None, :, None, :])
         keep = keep | ~keep.any(dim=-1, keepdim=True)
         bias = ctx.score_bias(span * w - w, span * w, ctx.device)  # queries at slots w .. 2w - 1 come first
         if bias is None:
@@ -122,8 +135,12 @@ class SlidingWindowAttention(AttentionKernel):
         ctx.cache.states[self.layer] = {"k": k[:, :, start:].clone(), "v": v[:, :, start:].clone()}
         return k, v
 
-    def _use_flex(self, q: Tensor, bias: Tensor | None, dropout: float, record: list[Tensor] | None) -> bool:
-        if self.backend == "sdpa":
+    def _use_flex(self, q: Tensor, bias: Tensor | None, dropout: float, record: list[Tensor] | None,
+                  docs: bool) -> bool:
+        if docs and self.backend == "flex":
+            raise ValueError(f"doc_ids were given, but attention={self.option_name} cannot keep documents apart: "
+                             f"{self.doc_mask_refusal({'backend': 'flex'})}")
+        if self.backend == "sdpa" or docs:
             return False
         plain = bias is None and dropout == 0.0 and record is None
         if self.backend == "flex" and not plain:

@@ -53,5 +53,13 @@ class ModelKind(nn.Module):
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
         """Raise ValueError if the kind cannot be built with these sizes."""
 
+    @classmethod
+    def doc_mask_refusal(cls, options: Mapping[str, Any]) -> str | None:
+        """Why this kind cannot take documents packed into one row (`task.doc_mask`); None: it can. One stack over
+        one token sequence can; another form says why not."""
+        if cls.form in (CAUSAL, BIDIRECTIONAL):
+            return None
+        return f"it reads its data as {cls.form}, not as one sequence of packed token documents"
+
 
 

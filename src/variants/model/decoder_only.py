@@ -28,9 +28,10 @@ class DecoderOnly(ModelKind):
         return cls(parts.stack("stack", embed, parts.sizes["n_layers"], causal=True, cross=False), head)
 
     def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
-        """tokens (B, T) -> logits (B, T, V). pad_mask (B, cached + T) True at real tokens."""
-        return self.head(self.decoder(tokens, pad_mask=pad_mask, positions=positions, cache=cache))
+                cache: KVCache | None = None, doc_ids: Tensor | None = None) -> Tensor:
+        """tokens (B, T) -> logits (B, T, V). pad_mask (B, cached + T) True at real tokens; doc_ids (B, T) the
+        document of each new token (block-causal attention, positions restarting per document)."""
+        return self.head(self.decoder(tokens, pad_mask=pad_mask, positions=positions, cache=cache, doc_ids=doc_ids))
 
 
 def pack_prefix_lm(src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor, sep_id: int, pad_id: int,

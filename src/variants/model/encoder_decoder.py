@@ -40,6 +40,11 @@ class EncoderDecoder(ModelKind):
                              f"{sizes['src_vocab_size']} != vocab_size={sizes['vocab_size']}; use a joint vocabulary "
                              f"or set share_src_tgt_embeddings=false")
 
+    @classmethod
+    def doc_mask_refusal(cls, options) -> str | None:
+        return ("a continuation splits a window into source and target halves, so a target document can have no "
+                "source tokens")
+
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src (B, S) -> memory (B, S, D); src_mask (B, S) True at real tokens."""
         return self.encoder(src, pad_mask=src_mask)

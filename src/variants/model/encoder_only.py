@@ -41,12 +41,13 @@ class EncoderOnly(ModelKind):
         self.pool_proj = nn.Linear(d_model, d_model) if pooling == "cls" else None
         self.classifier = nn.Linear(d_model, n_classes)
 
-    def encode(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
-        return self.encoder(tokens, pad_mask=pad_mask)  # (B, T, D)
+    def encode(self, tokens: Tensor, pad_mask: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
+        """doc_ids (B, T): a token attends only within its document; positions restart per document."""
+        return self.encoder(tokens, pad_mask=pad_mask, doc_ids=doc_ids)  # (B, T, D)
 
-    def forward(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """Token-level logits (B, T, V)."""
-        return self.head(self.encode(tokens, pad_mask))
+        return self.head(self.encode(tokens, pad_mask, doc_ids))
 
     def classify(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """Sequence-level logits (B, n_classes)."""

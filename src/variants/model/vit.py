@@ -77,6 +77,10 @@ class VisionTransformer(ModelKind):
             raise ValueError(f"head_hidden={sizes['head_hidden']!r} must be a positive width (the MLP head's hidden "
                              f"layer) or null (one linear layer)")
 
+    @classmethod
+    def doc_mask_refusal(cls, options: Mapping[str, Any]) -> str | None:
+        return "it reads images, not token documents packed into one row"
+
     def encode(self, images: Tensor) -> Tensor:
         """images (B, C, H, W) -> hidden states (B, N (+ 1), D) after the final norm."""
         return self.encoder(self.embed(images))

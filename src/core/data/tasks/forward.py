@@ -20,6 +20,9 @@ def forward_encoder_decoder(model: nn.Module, batch: Batch) -> Tensor:
 
 
 def forward_tokens(model: nn.Module, batch: Batch) -> Tensor:
+    """A batch with "doc_ids" (document masking, `task.doc_mask=true`) passes them on; otherwise they are left out."""
+    if "doc_ids" in batch:
+        return model(batch["tokens"], batch["pad_mask"], doc_ids=batch["doc_ids"])  # (B, T, V)
     return model(batch["tokens"], batch["pad_mask"])  # (B, T, V)
 
 
