@@ -40,6 +40,19 @@ def test_both_samplings_train_the_decoder_only_and_the_encoder_decoder(tmp_path,
         assert 0 < j["val"]["loss"] < 10 and j["test"]["loss"] > 0
 
 
+def test_document_masking_trains_the_decoder_and_is_refused_for_the_encoder_decoder_before_training(tmp_path,
+                                                                                                    corpus):
+    common = [*TINY, "task=tokens", f"task.path={corpus}", f"task.cache_dir={tmp_path / 'cache'}",
+              "task.doc_mask=true", "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    code, out = train(tmp_path, *common, "model=decoder_only", "task.sampling=bos_aligned",
+                      f"hydra.run.dir={tmp_path / 'masked'}")
+    assert code == 0, out[-3000:]
+    assert results(tmp_path / "masked")["status"] == "completed"
+    code, out = train(tmp_path, *common, "model=encoder_decoder", f"hydra.run.dir={tmp_path / 'refused'}")
+    assert code == 1 and "task.doc_mask=true cannot be used with model=encoder_decoder" in out, out[-3000:]
+    assert not (tmp_path / "refused" / "results.json").exists()
+
+
 def test_a_run_stopped_and_resumed_trains_on_the_batches_of_the_uninterrupted_run(tmp_path, corpus):
     run = [*TINY, "task=tokens", f"task.path={corpus}", f"task.cache_dir={tmp_path / 'cache'}", "model=decoder_only",
            "task.sampling=bos_aligned", "trainer.max_steps=40", "trainer.val_check_interval=10"]
