@@ -145,13 +145,12 @@ def check_folder(out: Path, settings: dict, overwrite: bool) -> dict | None:
         for path in our_files(out):
             path.unlink()
         return None
-    for stale in (p for p in out.iterdir() if ".tmp" in p.name):
-        stale.unlink()
     if not (out / META).is_file():
         shards = [p.name for p in out.iterdir() if p.suffix in (".npy", ".bin")]
         if shards:
             raise ValueError(f"--out {out} holds shards ({shards[0]}, ...) but no meta.json; give another --out "
                              f"or --overwrite")
+        remove_stale(out)
         return None
     meta = json.loads((out / META).read_text())
     old = meta.get("settings", {})
@@ -164,7 +163,14 @@ def check_folder(out: Path, settings: dict, overwrite: bool) -> dict | None:
         for shard in shards:
             if not (out / shard["file"]).is_file():
                 raise FileNotFoundError(f"{out / shard['file']}: recorded in meta.json but missing; --overwrite")
+    remove_stale(out)
     return meta
+
+
+def remove_stale(out: Path) -> None:
+    """Temp files of a run that was killed (the lock is ours, so no run is writing them)."""
+    for stale in (p for p in out.iterdir() if ".tmp" in p.name):
+        stale.unlink()
 
 
 def load_encoder(spec: str):
@@ -191,8 +197,15 @@ def tokenizer_sha256(spec: str) -> str:
 
     import tiktoken
 
-    ranks = tiktoken.get_encoding(spec.split(":", 1)[1])._mergeable_ranks  # noqa: SLF001  (no public accessor)
-    return hashlib.sha256(b"".join(b"%d %s\n" % (r, t.hex().encode()) for t, r in sorted(ranks.items()))).hexdigest()
+    enc = tiktoken.get_encoding(spec.split(":", 1)[1])
+    digest, specials = hashlib.sha256(), {enc.encode_single_token(t) for t in enc.special_tokens_set}
+    for rank in range(enc.n_vocab):  # its mergeable ranks, read through the public API: "rank hex-bytes" lines
+        if rank not in specials:
+            try:
+                digest.update(b"%d %s\n" % (rank, enc.decode_single_token_bytes(rank).hex().encode()))
+            except KeyError:  # an id no token has (some encodings have gaps)
+                pass
+    return digest.hexdigest()
 
 
 def train_tokenizer(texts: Iterator[str], vocab_size: int, eos: str, path: Path) -> None:
