@@ -131,6 +131,11 @@ def test_rerun_finishes_nothing_and_other_settings_are_refused(tmp_path, tokeniz
         run(tmp_path, SHAKESPEARE, "--val-docs", 100, "--shard-tokens", 80000, tokenizer=tokenizer)
     assert run(tmp_path, SHAKESPEARE, "--val-docs", 200, "--shard-tokens", 80000, tokenizer=tokenizer)["complete"]
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
+    with pytest.raises(ValueError, match="hold 7222 documents"):  # --overwrite deletes only once the checks pass
+        run(tmp_path, SHAKESPEARE, "--val-docs", 9000, "--overwrite", tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="--eos 'nope' is not in the tokenizer's vocabulary"):
+        run(tmp_path, SHAKESPEARE, "--eos", "nope", "--overwrite", tokenizer=tokenizer)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
     meta = run(tmp_path, SHAKESPEARE, "--val-docs", 100, "--shard-tokens", 80000, "--overwrite", tokenizer=tokenizer)
     assert open_shards(tmp_path).documents["val"] == 100 == sum(s["documents"] for s in meta["splits"]["val"])
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from archsweep.core.data.shards import FORMAT, META, TOKENIZER, VERSION, dtype_for, file_sha256, shard_name
+from archsweep.core.data.shards import (FORMAT, META, TOKENIZER, VERSION, ShardWriter, dtype_for, file_sha256,
+                                        write_json)
 
 KINDS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 BATCH_BYTES = 1 << 18  # text per worker task: the unit of work, not of output (shards do not depend on it)
@@ -129,12 +130,6 @@ def settings_of(args: argparse.Namespace, files: list[tuple[Path, str]]) -> dict
             "split_docs": args.split_docs}
 
 
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
 def our_files(out: Path) -> list[Path]:
     return [p for p in out.iterdir() if p.name in (META, TOKENIZER) or p.suffix == ".npy" or ".tmp" in p.name]
 
@@ -142,9 +137,7 @@ def our_files(out: Path) -> list[Path]:
 def check_folder(out: Path, settings: dict, overwrite: bool) -> dict | None:
     """The meta.json of a folder to finish, None to start afresh; refuses a folder of other settings."""
     if overwrite:
-        for path in our_files(out):
-            path.unlink()
-        return None
+        return None  # deleted by `run` once the inputs and the tokenizer have passed their checks
     if not (out / META).is_file():
         shards = [p.name for p in out.iterdir() if p.suffix in (".npy", ".bin")]
         if shards:
@@ -188,6 +181,15 @@ def load_encoder(spec: str):
     tok = Tokenizer.from_file(spec)
     encode = lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
     return encode, tok.get_vocab_size(with_added_tokens=True), tok.token_to_id
+
+
+def eos_of(spec: str, eos: str) -> tuple[int, int]:
+    """(vocabulary size, id of `eos`) of a tokenizer, refusing an `eos` it does not have."""
+    _, vocab, to_id = load_encoder(spec)
+    if to_id(eos) is None:
+        raise ValueError(f"--eos {eos!r} is not in the tokenizer's vocabulary ({spec}); name its end-of-document "
+                         f"token")
+    return vocab, to_id(eos)
 
 
 def tokenizer_sha256(spec: str) -> str:
@@ -247,66 +249,6 @@ def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens.astype(WORKER["dtype"]), lengths, np.array([len(t.encode()) for t in texts], dtype=np.int64)
 
 
-class ShardWriter:
-    """Appends tokenized documents to the open shard of a split; closes it after the document that reaches
-    `shard_tokens` (temp file, then os.replace) and records it in meta.json (atomically) at once."""
-
-    def __init__(self, out: Path, meta: dict) -> None:
-        self.out, self.meta, self.limit = out, meta, meta["shard_tokens"]
-        self.file = self.split = self.tmp = None
-        self.tokens = self.docs = self.bytes = 0
-
-    def add(self, split: str, tokens: np.ndarray, lengths: np.ndarray, nbytes: np.ndarray) -> None:
-        if self.file is not None and self.split != split:
-            self.close()
-        ends = np.cumsum(lengths)
-        first = 0
-        while first < len(lengths):
-            if self.file is None:
-                self.open(split)
-            base = ends[first - 1] if first else 0
-            last = min(int(np.searchsorted(ends, base + self.limit - self.tokens)), len(lengths) - 1)
-            self.file.write(tokens[base:ends[last]].tobytes())
-            self.tokens += int(ends[last] - base)
-            self.docs += last + 1 - first
-            self.bytes += int(nbytes[first:last + 1].sum())
-            first = last + 1
-            if self.tokens >= self.limit:
-                self.close()
-
-    def open(self, split: str) -> None:
-        self.split, self.tokens, self.docs, self.bytes = split, 0, 0, 0
-        self.name = shard_name(split, len(self.meta["splits"][split]))
-        self.tmp = self.out / f".{self.name}.tmp"
-        self.file = open(self.tmp, "wb")
-        self.header = self.write_header(0)
-
-    def write_header(self, n: int) -> int:
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(self.meta["dtype"])), "fortran_order": False,
-                  "shape": (n,)}
-        np.lib.format.write_array_header_1_0(self.file, header)  # padded for growth: the same length for any n
-        return self.file.tell()
-
-    def close(self) -> None:
-        self.file.seek(0)
-        if self.write_header(self.tokens) != self.header:
-            raise RuntimeError("this NumPy pads .npy headers differently; upgrade numpy (>= 1.24)")
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        self.file = None
-        os.replace(self.tmp, self.out / self.name)
-        self.meta["splits"][self.split].append({"file": self.name, "tokens": self.tokens, "documents": self.docs,
-                                                "bytes": self.bytes})
-        write_json(self.out / META, self.meta)
-
-    def abort(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-            self.tmp.unlink(missing_ok=True)
-
-
 def batches(docs: Iterator[str], val: int, test: int, skip: dict[str, int], skipped: list[int]
             ) -> Iterator[tuple[str, list[str]]]:
     """(split, documents) batches of about BATCH_BYTES of one split, in corpus order, without the documents of
@@ -356,11 +298,13 @@ def run(args: argparse.Namespace, files: list[tuple[Path, str]], settings: dict,
     if seen <= val + test:
         raise ValueError(f"the inputs hold {seen} documents (--split-docs {args.split_docs}), not more than "
                          f"--val-docs {val} + --test-docs {test}: none would be left for train; lower --val-docs")
+    if args.tokenizer:
+        eos_of(args.tokenizer, args.eos)
+    if args.overwrite:
+        for path in our_files(out):
+            path.unlink()
     spec, name = tokenizer_for(args, out, meta)
-    encode, vocab, to_id = load_encoder(spec)
-    eos_id = to_id(args.eos)
-    if eos_id is None:
-        raise ValueError(f"--eos {args.eos!r} is not in the tokenizer's vocabulary; name its end-of-document token")
+    vocab, eos_id = eos_of(spec, args.eos)
     if meta is None:
         splits = {"train": [], "val": [], **({"test": []} if test else {})}
         meta = {"format": FORMAT, "version": VERSION, "dtype": dtype_for(vocab).name, "vocab_size": vocab,

@@ -1,4 +1,5 @@
-"""Token shards: pre-tokenized corpora as memory-mapped integer arrays with document boundaries (issue 27).
+"""Token shards: pre-tokenized corpora as memory-mapped integer arrays with document boundaries (issue 27): the
+format, its writer (used by `archsweep-prepare`) and its readers.
 
 Reads our format (a folder with meta.json, written by `archsweep-prepare`, see docs/shards.md) and the layouts
 others publish: modded-nanogpt's `.bin` shards (a 256-int32 header, then uint16 tokens), nanoGPT's headerless
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,3 +254,70 @@ def _require_splits(folder: Path, splits: dict[str, list[Path]], what: str) -> N
         if not splits.get(split):
             raise ValueError(f"{what}={folder}: no {split} split (it has: {', '.join(splits) or 'nothing'}); a "
                              f"shard folder needs train and val shards (file names with 'train' / 'val' in them)")
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write `data` to `path` atomically: a reader sees the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+class ShardWriter:
+    """Appends tokenized documents to the open shard of a split; closes it after the document that reaches
+    `shard_tokens` (temp file, then os.replace) and records it in meta.json (atomically) at once."""
+
+    def __init__(self, out: Path, meta: dict) -> None:
+        self.out, self.meta, self.limit = out, meta, meta["shard_tokens"]
+        self.file = self.split = self.tmp = None
+        self.tokens = self.docs = self.bytes = 0
+
+    def add(self, split: str, tokens: np.ndarray, lengths: np.ndarray, nbytes: np.ndarray) -> None:
+        if self.file is not None and self.split != split:
+            self.close()
+        ends = np.cumsum(lengths)
+        first = 0
+        while first < len(lengths):
+            if self.file is None:
+                self.begin(split)
+            base = ends[first - 1] if first else 0
+            last = min(int(np.searchsorted(ends, base + self.limit - self.tokens)), len(lengths) - 1)
+            self.file.write(tokens[base:ends[last]].tobytes())
+            self.tokens += int(ends[last] - base)
+            self.docs += last + 1 - first
+            self.bytes += int(nbytes[first:last + 1].sum())
+            first = last + 1
+            if self.tokens >= self.limit:
+                self.close()
+
+    def begin(self, split: str) -> None:
+        self.split, self.tokens, self.docs, self.bytes = split, 0, 0, 0
+        self.name = shard_name(split, len(self.meta["splits"][split]))
+        self.tmp = self.out / f".{self.name}.tmp"
+        self.file = open(self.tmp, "wb")
+        self.header = self.write_header(0)
+
+    def write_header(self, n: int) -> int:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(self.meta["dtype"])), "fortran_order": False,
+                  "shape": (n,)}
+        np.lib.format.write_array_header_1_0(self.file, header)  # padded for growth: the same length for any n
+        return self.file.tell()
+
+    def close(self) -> None:
+        self.file.seek(0)
+        if self.write_header(self.tokens) != self.header:
+            raise RuntimeError("this NumPy pads .npy headers differently; upgrade numpy (>= 1.24)")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        self.file = None
+        os.replace(self.tmp, self.out / self.name)
+        self.meta["splits"][self.split].append({"file": self.name, "tokens": self.tokens, "documents": self.docs,
+                                                "bytes": self.bytes})
+        write_json(self.out / META, self.meta)
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+            self.tmp.unlink(missing_ok=True)
