@@ -139,7 +139,7 @@ def test_refusals_of_raw_and_npy(tmp_path):
         open_shards(npy)
     np.save(npy / "train.npy", np.arange(5, dtype=np.uint16))
     np.save(npy / "shard.npy", np.arange(5, dtype=np.uint16))
-    with pytest.raises(ValueError, match="shard.npy: no split in its name"):
+    with pytest.raises(ValueError, match="shard.npy: no single split in its name"):
         open_shards(npy)
 
 

@@ -224,7 +224,7 @@ def _open_foreign(folder: Path, want: np.dtype | None, boundary_id: int | None, 
     for path in files:
         split = _split_of(path)
         if split is None:
-            raise ValueError(f"{path}: no split in its name; rename it with one of train / val / test in it "
+            raise ValueError(f"{path}: no single split in its name; rename it with one of train / val / test in it "
                              f"(e.g. {path.with_stem('train_' + path.stem).name})")
         array, dtype = _memmap(path, layout, want)
         dtypes.add(dtype)
