@@ -261,10 +261,21 @@ def check_python(args: list[str], extra: str) -> None:
         overrides = [a for a in args[1:] if "=" in a and not a.startswith("-")]
         if overrides:  # --mfu-check's config
             compose_entry("train", overrides)
+    elif args[:2] == ["-m", "archsweep.core.data.prepare"]:
+        check_prepare(args[2:])
     elif args[0] == "-m" and args[1] == "venv":
         assert "python3 -m venv .venv" in (ROOT / ".ci/run").read_text()
     else:
         raise AssertionError(f"no check for `python {' '.join(args)}`; add one to tests/test_readme.py")
+
+
+def check_prepare(args: list[str]) -> None:
+    """archsweep-prepare's own parser takes the arguments (it exits on an unknown flag or a bad choice); a command
+    shown without arguments is the module's entry point, named as such."""
+    from archsweep.core.data.prepare import parse_args
+
+    if args:
+        parse_args(args)
 
 
 def check_pip(args: list[str]) -> None:
@@ -290,6 +301,8 @@ def check_command(command: str, folder: Path) -> None:
             check_python(args, example_options(folder))
         elif program == "pip":
             check_pip(args)
+        elif program == "archsweep-prepare":
+            check_prepare(args)
         elif program == ".":
             assert args == [".venv/bin/activate"] and ". .venv/bin/activate" in (ROOT / ".ci/run").read_text()
         else:

@@ -14,6 +14,7 @@ import torch
 from shard_folders import EOS, VOCAB, make_modded_nanogpt, make_nanogpt, make_shards
 
 from archsweep.core.data.codec import codec_from_state, codec_state_for
+from archsweep.core.data.paths import SHARED_DATA
 from archsweep.core.data.tasks.packing import best_fit
 from archsweep.core.data.tasks.tokens import TokensTask
 from archsweep.core.model.config import ModelConfig
@@ -194,3 +195,25 @@ def test_a_tokenizer_other_than_the_shards_one_is_refused_for_the_task_and_for_a
     with pytest.raises(ValueError, match=r"run/tokenizer.json .* is not the tokenizer of the shards"):
         t.save(run)
     assert (run / "tokenizer.json").read_text() == '{"another": 1}'  # nothing overwritten
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "tinyshakespeare.txt").is_file(), reason="no ../shared/data")
+def test_prepared_shards_train_with_their_tokenizer_and_bits_per_byte_add_up_to_the_recorded_bytes(tmp_path):
+    """archsweep-prepare's folder read by the task: the bytes per id of its tokenizer, summed over a split's
+    tokens, are the UTF-8 bytes meta.json records for it (the denominator of val/bpb), and the codec decodes."""
+    from archsweep.core.data import prepare
+
+    folder = tmp_path / "speeches"
+    meta = prepare.prepare([str(SHARED_DATA / "tinyshakespeare.txt"), "--split-docs", "paragraph",
+                            "--train-tokenizer", "600", "--val-docs", "300", "--test-docs", "300", "--workers", "1",
+                            "--out", str(folder)])
+    t = task(folder, tmp_path, sampling="bos_aligned", doc_mask=True)
+    table = t.token_bytes("decoder_only").numpy()
+    for split in ("train", "val", "test"):
+        counts = sum(np.bincount(np.load(folder / e["file"]), minlength=len(table)) for e in meta["splits"][split])
+        assert int(counts @ table) == sum(e["bytes"] for e in meta["splits"][split])
+    assert table[t.eos_id] == 0 and t.vocab_size == 600
+    codec = codec_from_state(codec_state_for(t))
+    assert codec.decode(codec.encode("To be, or not to be")) == "To be, or not to be"
+    b = batches(t, "train", 1)[0]
+    assert bool((b["tokens"][:, 0] == t.eos_id).all()) and b["doc_ids"].max() >= 1
