@@ -87,10 +87,11 @@ def shard_folder(tmp_path_factory) -> Path:
 
 
 def shards_given(choice: str, shard_folder: Path, tmp_path: Path, *more: str):
-    """`choice` composed; where its task reads token shards from a path left to the user, with `shard_folder` at
-    a small context and batch (a preset's 1024 x 32 rows of a 50k vocabulary would need gigabytes of logits)."""
+    """`choice` composed; where its task reads token shards (from a folder the user prepares first), with
+    `shard_folder` at a small context and batch (a preset's 1024 x 32 rows of a 50k vocabulary would need gigabytes
+    of logits)."""
     cfg = compose_train(choice, *more)
-    if not cfg.task._target_.endswith(".TokensTask") or cfg.task.path is not None:
+    if not cfg.task._target_.endswith(".TokensTask"):
         return cfg
     return compose_train(choice, *more, f"task.path={shard_folder}", f"task.cache_dir={tmp_path}",
                          "task.block_size=32", "task.batch_size=2", "task.val_batches=1", "task.test_batches=1")
