@@ -23,7 +23,7 @@ from archsweep.variants.pos import POS
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ABLATIONS = ["norm_placement", "positional", "ffn_activation", "architecture", "vit_positions", "stability",
-             "optimizers"]
+             "optimizers", "doc_masking"]
 
 
 def compose_train(*overrides: str, hydra: bool = False):
@@ -52,6 +52,15 @@ def test_ablation_preset_is_a_whole_grid_with_seeds(name):
     assert len(grid) >= 2 and all(len(v) >= 2 for v in grid.values())
     assert cfg.experiment_name == name
     assert cfg.hydra.sweep.dir == f"outputs/sweeps/{name}"  # fixed: re-running it skips finished cells
+
+
+def test_doc_masking_grid_is_samplings_by_masks_at_a_tuned_rate_against_random_windows_unmasked():
+    cfg = compose_train("experiment=doc_masking", hydra=True)
+    grid = sweep_values(cfg.hydra.sweeper.params)
+    assert grid["task.sampling"] == ["random", "bos_aligned"] and grid["task.doc_mask"] == ["False", "True"]
+    assert len(grid["optim.lr"]) >= 3 and list(cfg.compare.tune) == ["optim.lr"]
+    assert cfg.compare.baseline == "task.sampling=random task.doc_mask=false" and cfg.task.name == "tokens"
+    assert cfg.model.kind == "decoder_only" and cfg.task.block_size == cfg.model.max_seq_len == 256
 
 
 def test_norm_placement_grid_is_placements_by_warmup_by_a_tuned_learning_rate():
