@@ -44,10 +44,13 @@ ignored = is_setting  # where or how a run is logged or executed (output_root, l
 
 
 def canon(value: Any) -> str:
-    """One spelling per value, so that 3e-4 (an override) and 0.0003 (a resolved config) are one cell."""
+    """One spelling per value, so that 3e-4 (an override) and 0.0003 (a resolved config) are one cell, and true
+    (YAML, a --baseline) and True (the override Hydra's sweeper writes for it) too."""
     if isinstance(value, bool) or value is None:
         return "null" if value is None else str(value).lower()
     text = str(value)
+    if text.lower() in ("true", "false"):
+        return text.lower()
     for parse in (int, float):
         try:
             return str(parse(text)) if parse is int else repr(parse(text))
