@@ -5,15 +5,26 @@ parameters and FLOPs are counted and matched; and PaLM's z-loss gives the number
 
 from __future__ import annotations
 
+import csv
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from archsweep.core.data.tasks.forward import forward_tokens
 from archsweep.core.data.tasks.is_sorted import forward_classify
-from archsweep.core.model.build import (ModelConfig, build_model, count_parameters, flops_per_token, match_d_ff,
-                                        parameter_count)
+from archsweep.core.eval.trace import parameters_text
+from archsweep.core.model import build
+from archsweep.core.model.build import ModelConfig, build_model, count_parameters, match_d_ff, parameter_count
+from archsweep.core.train.job import ConfigError, match_params
 from archsweep.core.train.lit import LitModel
 from archsweep.core.train.muon import Muon
 from archsweep.core.train.optim import hidden_matrices, muon_param_groups
@@ -24,6 +35,7 @@ from archsweep.variants.hooks import AuxLoss, collect_aux_losses
 from archsweep.variants.norm.deepnorm import deepnorm_constants
 
 VOCAB, E = 17, 4
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class ToyExperts(FFNBase):
@@ -213,11 +225,11 @@ def test_active_and_total_parameters_and_flops(toy_ffn):
     assert total - active == 3 * unused_per_layer
     assert parameter_count(cfg, "active") == active and parameter_count(cfg) == total
     shape = Shape(2, 9, causal=True)
-    extra = flops_per_token(cfg, shape, "total") - flops_per_token(cfg, shape, "active")
+    extra = build.flops_per_token(cfg, shape, "total") - build.flops_per_token(cfg, shape, "active")
     assert extra == pytest.approx(3 * 3 * (E - 1) * 2 * 2 * 16 * 24)  # training = 3 x forward, 3 layers
     dense = config(ffn="relu")
     assert parameter_count(dense, "active") == parameter_count(dense)
-    assert flops_per_token(dense, shape, "total") == flops_per_token(dense, shape)
+    assert build.flops_per_token(dense, shape, "total") == build.flops_per_token(dense, shape)
 
 
 def test_match_params_holds_the_active_or_the_total_count(toy_ffn):
@@ -235,3 +247,55 @@ def test_existing_models_report_equal_active_and_total_counts():
     for kind in ("decoder_only", "encoder_decoder", "encoder_only"):
         model = build_model(config(kind=kind, n_classes=2))
         assert count_parameters(model, count="active") == count_parameters(model)
+
+
+def test_the_trace_and_the_match_setting_name_the_counts(toy_ffn):
+    model = build_model(config(ffn=toy_ffn, n_layers=1))
+    total, active = count_parameters(model), count_parameters(model, count="active")
+    assert parameters_text(model) == f"{total:,} parameters ({active:,} active per token)"
+    assert parameters_text(build_model(config())).endswith(" parameters")
+    with pytest.raises(ConfigError, match="match_count='all' is not a known count; valid: total, active"):
+        match_params(config(ffn=toy_ffn), 5000, "d_ff", "all")
+
+
+PLUGIN = """from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from archsweep.variants.ffn import FFN
+from archsweep.variants.ffn.base import FFNBase
+from archsweep.variants.flops import Shape
+from archsweep.variants.hooks import AuxLoss
+
+E = 4
+
+
+@FFN.register("toy_experts")
+"""
+
+
+@pytest.mark.slow
+def test_a_toy_mixture_of_experts_trains_from_one_py_and_one_yaml(tmp_path):
+    """train.py: its balancing loss and the z-loss in metrics.csv, active and total parameters in results.json."""
+    (tmp_path / "toy_moe.py").write_text(PLUGIN + inspect.getsource(ToyExperts))
+    (tmp_path / "conf" / "ffn").mkdir(parents=True)
+    (tmp_path / "conf" / "ffn" / "toy_experts.yaml").write_text("# @package model.ffn\n_target_: toy_moe.ToyExperts\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "ARCHSWEEP_CONFIG_PATH": str(tmp_path / "conf"),
+           "ARCHSWEEP_CACHE_DIR": str(tmp_path / "cache")}
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "ffn=toy_experts",
+                          "model.z_loss=1e-4", "trainer.max_steps=4", "trainer.log_every_n_steps=2",
+                          "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0",
+                          f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r.get("train/aux/balance")]
+    assert len(rows) == 2 and all(float(r["train/aux/balance"]) >= 1.0 and float(r["train/aux/z_loss"]) > 0
+                                  for r in rows)  # E * sum(share * mean prob) >= 1 (Switch's minimum is 1)
+    results = json.loads((run_dir / "results.json").read_text())
+    model = OmegaConf.load(run_dir / "config.yaml").model  # experiment=smoke: one encoder and one decoder layer
+    assert model.kind == "encoder_decoder" and model.n_layers == 1 and model.n_decoder_layers in (None, 1)
+    assert results["params"] - results["active_params"] == 2 * (E - 1) * 2 * model.d_model * model.d_ff
+    assert f"({results['active_params']:,} active per token)" in out.stdout + out.stderr
