@@ -6,7 +6,8 @@ module defines the method, and the framework finds it by walking `model.modules(
   (recorded only when `self.training` and gradients are on), then forgotten. `labelled` (the output's positions,
   True where a label counts) is for modules at the output; others ignore it. The training step adds
   `weight * value` to the loss and logs `value` as `train/aux/<name>`; equal names from several modules
-  (one balancing loss per layer) are summed.
+  (one balancing loss per layer) are summed. A training-mode forward outside a step (activation checkpointing's
+  recomputation) records too; the next step's forward replaces that record before it is read.
 - `init_parameters(scheme, n_layers)`: initialises the module's own parameters (not its children's) after the
   default rules (`init.py`), for parameters that are not an nn.Linear or an embedding.
 - `weight_matrices() -> list[Parameter]`: its weight matrices that are not nn.Linear weights, 2-D or stacked

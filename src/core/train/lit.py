@@ -1,7 +1,9 @@
 """The LightningModule: knows no architecture. It receives a built `nn.Module` and the task's function that
 runs it on a batch, and owns the loss, the optimiser, the schedule and the metrics.
 
-The training step avoids host-device synchronisation: losses and norms are logged as tensors (Lightning turns
+The training step adds the auxiliary losses the model's modules report for its forward (a router's balancing loss,
+PaLM's z-loss in the output head; `archsweep.variants.hooks`), logged as `train/aux/<name>`. It avoids
+host-device synchronisation: losses and norms are logged as tensors (Lightning turns
 them into numbers only on log steps), and accuracy and gradient norm are computed on log steps only. Validation
 and test use the metrics of `archsweep.core.eval.metrics` (the ones evaluate.py uses): updated on the device at
 each step, computed (summed over processes) and logged at the epoch's end.
