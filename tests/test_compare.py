@@ -432,3 +432,15 @@ def test_language_model_runs_default_to_loss_and_perplexity_without_an_exact_mat
     write_run(tmp_path / "old" / "0", ["seed=0"], done(1.0, 0.5, 0.4), val_em=[0.5, 0.95])
     old = compare([tmp_path / "old"], out=tmp_path / "out2")
     assert "val/exact_match" in old.columns and old.target is not None
+
+
+def test_active_params_show_only_where_a_run_leaves_parameters_unused(tmp_path):
+    s = tmp_path / "s"
+    s.mkdir()
+    write_run(s / "0", ["norm=pre", "seed=0", "logger=csv"], done(1.0, 0.9, 0.8, active_params=1000))
+    assert "active_params" not in compare([s]).columns  # dense runs: active equals total, no column
+    write_run(s / "1", ["norm=post", "seed=0", "logger=csv"], done(1.1, 0.9, 0.8, params=4000, active_params=1500))
+    report = compare([s])
+    header = terminal(report).splitlines()[3]
+    assert header.index("tokens/s") < header.index(" params ") < header.index("active params")
+    assert {c.label: c.stats["active_params"].mean for c in report.cells} == {"norm=pre": 1000, "norm=post": 1500}

@@ -63,6 +63,7 @@ def test_match_flops_takes_a_number_and_a_named_field():
     ("match_flops=-1", "must be a positive number of FLOPs per token"),
     ("match_flops=10", "below the .* FLOPs per token this model has with d_ff=1"),
     ("match_field=colour", "solves one of d_ff"),
+    ("match_count=some", "match_count='some' is not a known count; valid: total, active"),
 ])
 def test_match_flops_refuses_bad_targets(override, message):
     extra = () if override.startswith("match_flops") else ("match_flops=2e6",)

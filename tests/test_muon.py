@@ -196,9 +196,10 @@ def test_state_dict_round_trips_and_resumes_the_same_trajectory():
         torch.testing.assert_close(q, p, msg=name)
 
 
-def test_muon_refuses_a_vector():
-    with pytest.raises(ValueError, match="2-D weight matrices only"):
-        Muon([{"params": [nn.Parameter(torch.zeros(3))], "muon": True}], lr=0.1)
+@pytest.mark.parametrize("shape", [(3,), (2, 3, 4, 5)])
+def test_muon_refuses_a_vector_and_a_4d_tensor(shape):
+    with pytest.raises(ValueError, match=r"2-D weight matrices, or stacks of them \(E, out, in\)"):
+        Muon([{"params": [nn.Parameter(torch.zeros(shape))], "muon": True}], lr=0.1)
 
 
 @pytest.mark.parametrize("scaling", MUON_SCALINGS)

@@ -96,13 +96,18 @@ def test_every_option_trains_with_every_kind(kind):
 
 
 def test_z_loss_is_the_mean_squared_log_normaliser_over_labelled_tokens():
-    from archsweep.core.train.lit import LitModel
+    from archsweep.variants.hooks import ZLoss
 
     logits = torch.randn(2, 4, 7)
     labels = torch.tensor([[1, 2, -100, 3], [-100, -100, 4, 5]])
     real = labels != -100
     expected = logits.logsumexp(-1)[real].square().mean()
-    torch.testing.assert_close(LitModel.z_loss(logits, labels), expected)
+    z_loss = ZLoss(1e-4)
+    assert z_loss(logits) is logits  # identity in the forward; records log Z in training
+    weight, value = z_loss.aux_losses(real)["z_loss"]
+    assert weight == 1e-4
+    torch.testing.assert_close(value, expected)
+    assert z_loss.aux_losses(real) == {}  # read once
 
 
 @pytest.mark.parametrize("options,match", [(dict(qk_norm="batchnorm"), "qk_norm='batchnorm' is not a known option"),

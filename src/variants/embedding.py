@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from archsweep.variants.hooks import ZLoss
+
 
 class TokenEmbedding(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, scale: bool) -> None:
@@ -26,11 +28,13 @@ class TokenEmbedding(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Logits over the vocabulary; with `tied_to`, the weight is the embedding matrix itself (one Parameter)."""
+    """Logits over the vocabulary; with `tied_to`, the weight is the embedding matrix itself (one Parameter).
+    `z_loss` > 0: PaLM's z-loss on the logits, an auxiliary loss of the training step (`hooks.ZLoss`)."""
 
     def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_to: TokenEmbedding | None,
-                 softcap: float | None = None) -> None:
+                 softcap: float | None = None, z_loss: float = 0.0) -> None:
         super().__init__()
+        self.z_loss = ZLoss(z_loss)
         self.softcap = softcap  # logits become softcap * tanh(logits / softcap) (Gemma 2); None: off
         if tied_to is None:
             self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model ** -0.5)
@@ -40,7 +44,7 @@ class LMHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         logits = F.linear(x, self.weight, self.bias)  # (B, T, V)
-        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+        return self.z_loss(logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap))
 
     def flops(self, shape: Any) -> float:
         """2 V D per position, tied or not (a tied head is the same product with a shared matrix)."""

@@ -30,13 +30,16 @@ TRAIN_FACTOR = 3  # forward + backward = 3 x forward
 class Shape:
     """What one stack computes over: `batch` sequences of `length` tokens each; `causal` masks the future;
     `memory` is the source length an encoder-decoder's encoder reads and its decoder cross-attends to (0: none);
-    `pooled`: the head reads one vector per sequence (classification) instead of every position."""
+    `pooled`: the head reads one vector per sequence (classification) instead of every position; `total`: count
+    the work of every parameter, as if each token used them all (a module that sends a token through part of its
+    parameters, e.g. some experts, reads it; the default counts what a token uses)."""
 
     batch: int
     length: int
     causal: bool = False
     memory: int = 0
     pooled: bool = False
+    total: bool = False
 
     @property
     def tokens(self) -> int:

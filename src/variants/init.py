@@ -5,8 +5,10 @@
 - `gpt2` (Radford et al. 2019): normal(0, 0.02) everywhere, residual output projections (attention out_proj,
   FFN down_proj) scaled by 1/sqrt(2 * n_layers), zero biases.
 
-Every `nn.Embedding` (learned position tables, relative-bias tables) is initialised like a weight matrix. Norm
-placements may rescale their sublayers afterwards (DeepNorm, `norm/deepnorm.py`).
+Every `nn.Embedding` (learned position tables, relative-bias tables) is initialised like a weight matrix. A module
+with parameters of its own shape (stacked experts) initialises them itself: `init_parameters(scheme, n_layers)`
+(`hooks.py`), called after these rules. Norm placements may rescale their sublayers afterwards (DeepNorm,
+`norm/deepnorm.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def init_weights(model: nn.Module, scheme: str, n_layers: int) -> None:
         for name, param in model.named_parameters():
             if name.endswith(("out_proj.weight", "down_proj.weight")):
                 nn.init.normal_(param, mean=0.0, std=std)
+    for module in model.modules():
+        own = getattr(module, "init_parameters", None)
+        if callable(own):
+            own(scheme, n_layers)
 
 
 @torch.no_grad()

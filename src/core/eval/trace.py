@@ -228,6 +228,12 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def parameters_text(model: nn.Module) -> str:
+    """"N parameters", with the active count per token where it differs (a mixture of experts)."""
+    total, active = count_parameters(model), count_parameters(model, count="active")
+    return f"{total:,} parameters" + (f" ({active:,} active per token)" if active != total else "")
+
+
 def trace_shapes(cfg: ModelConfig, task: Task, seed: int) -> str:
     """The shape trace of the model `cfg` on the first training batch of `task`, as printable text."""
     torch.manual_seed(seed)
@@ -236,7 +242,7 @@ def trace_shapes(cfg: ModelConfig, task: Task, seed: int) -> str:
     rows = trace_rows(model, batch, task.forward_fn(cfg.kind))
     head = (f"shape trace: {cfg.kind}, norm={cfg.choice('norm')}, pos={cfg.choice('pos')}, ffn={cfg.choice('ffn')}, "
             f"attention={cfg.choice('attention')}, "
-            f"{count_parameters(model):,} parameters, one training batch\n{_legend(model, cfg, batch)}\n")
+            f"{parameters_text(model)}, one training batch\n{_legend(model, cfg, batch)}\n")
     inputs = "\n".join(f"batch[{k!r}]".ljust(63) + str(tuple(v.shape))
                        for k, v in batch.items() if isinstance(v, Tensor))
     return head + inputs + "\n" + format_rows(rows)

@@ -24,14 +24,17 @@ from archsweep.variants.blocks import Block, Stack
 from archsweep.variants.embedding import LMHead, TokenEmbedding
 from archsweep.variants.ffn import FFN
 from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops
+from archsweep.variants.hooks import active_parameters
 from archsweep.variants.init import init_weights
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm.base import make_norm
 from archsweep.variants.pos import POS
 
-__all__ = ["ModelConfig", "build_model", "count_parameters", "flop_count", "flops_per_token", "match_d_ff",
-           "match_field", "parameter_count"]
+__all__ = ["COUNTS", "ModelConfig", "build_model", "count_parameters", "flop_count", "flops_per_token",
+           "match_d_ff", "match_field", "parameter_count"]
+
+COUNTS = ("total", "active")  # parameters and FLOPs: all of the model's, or those one token uses (hooks.py)
 
 
 class Parts:
@@ -47,7 +50,7 @@ class Parts:
     def head(self, embedding: TokenEmbedding) -> LMHead:
         cfg = self.cfg
         return LMHead(cfg.d_model, cfg.vocab_size, cfg.output_bias, embedding if cfg.tie_embeddings else None,
-                      cfg.logit_softcap)
+                      cfg.logit_softcap, cfg.z_loss)
 
     def stack(self, role: str, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool) -> Stack:
         cfg, sizes = self.cfg, self.sizes
@@ -87,15 +90,25 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     return model
 
 
-def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
-    """Parameters counted once even when shared (tied embeddings)."""
+def count_parameters(model: nn.Module, trainable_only: bool = True, count: str = "total") -> int:
+    """Parameters counted once even when shared (tied embeddings); `count="active"`: the trainable ones one token
+    uses (modules say so with `active_params()`, e.g. a mixture of experts)."""
+    check_count(count)
+    if count == "active":
+        return active_parameters(model)
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
-def parameter_count(cfg: ModelConfig) -> int:
-    """Trainable parameters of the model `cfg` describes, built on the meta device (no memory, no init cost)."""
+def check_count(count: str, what: str = "count") -> None:
+    if count not in COUNTS:
+        raise ValueError(f"{what}={count!r} is not a known count; valid: {', '.join(COUNTS)}")
+
+
+def parameter_count(cfg: ModelConfig, count: str = "total") -> int:
+    """Trainable parameters (`total`, or `active` per token) of the model `cfg` describes, built on the meta device
+    (no memory, no init cost)."""
     with torch.device("meta"):
-        return count_parameters(build_model(cfg))
+        return count_parameters(build_model(cfg), count=count)
 
 
 def flop_count(cfg: ModelConfig, shape: Shape) -> float:
@@ -109,9 +122,11 @@ def tokens_of(shape: Shape) -> int:
     return shape.batch * (shape.length + shape.memory) or shape.batch
 
 
-def flops_per_token(cfg: ModelConfig, shape: Shape) -> float:
-    """Training FLOPs (3 x forward) per token of a batch of `shape`."""
-    return TRAIN_FACTOR * flop_count(cfg, shape) / tokens_of(shape)
+def flops_per_token(cfg: ModelConfig, shape: Shape, count: str = "active") -> float:
+    """Training FLOPs (3 x forward) per token of a batch of `shape`: the work a token does (`active`), or what it
+    would be if each token used every parameter (`total`)."""
+    check_count(count)
+    return TRAIN_FACTOR * flop_count(cfg, shape.replace(total=count == "total")) / tokens_of(shape)
 
 
 MATCHABLE = ("d_ff", "d_model", "n_layers", "n_decoder_layers", "n_heads")
@@ -164,11 +179,13 @@ def match_field(cfg: ModelConfig, target: float, measure: Callable[[ModelConfig]
     return best
 
 
-def match_d_ff(cfg: ModelConfig, target: int) -> tuple[ModelConfig, int]:
-    """The config with the d_ff (>= 1) whose model comes closest to `target` parameters, and that count."""
+def match_d_ff(cfg: ModelConfig, target: int, count: str = "total") -> tuple[ModelConfig, int]:
+    """The config with the d_ff (>= 1) whose model comes closest to `target` parameters (`count`: total or
+    active per token), and that count."""
     if not isinstance(target, int) or isinstance(target, bool) or target < 1:
         raise ValueError(f"match_params={target!r} must be a positive parameter count, model fields naming a "
                          f"reference model (e.g. {{ffn: relu}}), or null to turn it off")
     cfg.validate()
-    matched, count = match_field(cfg, target, parameter_count, "match_params")
-    return matched, int(count)
+    check_count(count, "match_count")
+    matched, found = match_field(cfg, target, functools.partial(parameter_count, count=count), "match_params")
+    return matched, int(found)

@@ -175,7 +175,8 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     asked = question is not None and order.key == question
     if order.key not in columns and order.key != "target" and order.key in available:
         columns.append(order.key)
-    columns += [k for k in COUNTS if k in available and k not in columns]
+    routed = any(r.results.active_params not in (None, r.results.params) for r in runs)
+    columns += [k for k in COUNTS if k in available and k not in columns and (k != "active_params" or routed)]
     cells = group_cells(runs, keys)
     selection = selection_metric(order, available) if tuned else None
     for cell in cells:

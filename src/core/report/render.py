@@ -19,8 +19,10 @@ from archsweep.core.report.significance import POWER, Contrast, Significance
 from archsweep.core.report.tuning import Selection, edge_lines
 
 # shown last, without a deviation: what each cell cost and what was held fixed (parameters, FLOPs)
-COUNTS = ("tokens_per_s", "mfu", "peak_memory_mib", "params", "flops_per_token", "total_flops")
+# (active_params: those one token uses, shown where some run's differ from its params: a mixture of experts)
+COUNTS = ("tokens_per_s", "mfu", "peak_memory_mib", "params", "active_params", "flops_per_token", "total_flops")
 HEADERS = {"tokens_per_s": "tokens/s", "peak_memory_mib": "peak MiB", "flops_per_token": "FLOPs/token",
+           "active_params": "active params",
            "total_flops": "total FLOPs", "mfu": "MFU"}
 FORMATS: dict[str, Callable[[float], str]] = {"mfu": lambda v: f"{100 * v:.1f}%",
                                               "flops_per_token": lambda v: f"{v:.4g}",

@@ -264,7 +264,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             log.info(f"initialised from the weights of {init_weights_from(model, cfg.init_from)}")
         except CheckpointError as e:
             raise ConfigError(str(e)) from None
-    n_params = count_parameters(model)
+    n_params, n_active = count_parameters(model), count_parameters(model, count="active")
     if cfg.compile:
         model.compile()
     run_id = meta_in["wandb_run_id"] if meta_in else new_run_id()
@@ -276,7 +276,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
                    cfg.label_smoothing, cfg.seed, meta, setup.task.test_splits,
                    longest_input=setup.task.max_input_len(setup.model_cfg.kind),
                    token_bytes=setup.task.token_bytes(setup.model_cfg.kind))
-    extra = {"params": n_params, "run_dir": str(info.run_dir)}
+    extra = {"params": n_params, "active_params": n_active, "run_dir": str(info.run_dir)}
     in_place = setup.ckpt_path is not None and info.run_dir.resolve() in Path(setup.ckpt_path).resolve().parents
     run = LogRun(info.run_dir, info.name, info.group, info.tags, wandb_config(cfg, info, extra), run_id)
     loggers = make_loggers(resolved["logger"], run, setup.resume_step if in_place else None)
@@ -310,6 +310,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         OmegaConf.save(cfg, info.run_dir / "config.yaml", resolve=True)
         setup.task.save(info.run_dir)  # e.g. the tokenizer, so the run's outputs can be decoded
         log.info(f"run {info.name!r} in {info.run_dir}: {setup.model_cfg.kind}, {n_params:,} parameters"
+                 + (f" ({n_active:,} active per token)" if n_active != n_params else "")
                  + (f", resuming from {setup.ckpt_path}" if setup.ckpt_path else ""))
         for line in wandb_lines(loggers):
             log.info(line)
@@ -345,7 +346,8 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         done = Results(
             status="diverged" if lit.diverged else "completed", diverged=lit.diverged,
             name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
-            overrides=info.overrides, seed=cfg.seed, params=n_params, task_family=family(setup.task),
+            overrides=info.overrides, seed=cfg.seed, params=n_params, active_params=n_active,
+            task_family=family(setup.task),
             steps=trainer.global_step, train=train,
             budget=setup.budget.record(trainer.global_step) if setup.budget else None,
             splits={"val": metrics_of("val", val), **{s: metrics_of(s, test) for s in setup.task.test_splits}},

@@ -8,6 +8,7 @@ second. Lightning, torchmetrics and wandb are imported only once the config is k
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import math
 import os
@@ -98,11 +99,12 @@ def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
     if cfg.match_params is not None and cfg.get("match_flops") is not None:
         raise ConfigError("match_params and match_flops both set: a model can be held to one of them; set the "
                           "other to null")
+    count = cfg.get("match_count")  # total or active; null: total parameters, active FLOPs
     if cfg.match_params is not None:
-        model_cfg = match_params(model_cfg, cfg.match_params, field)
+        model_cfg = match_params(model_cfg, cfg.match_params, field, count or "total")
         filled.append(field)
     if cfg.get("match_flops") is not None:
-        model_cfg = match_flops(model_cfg, cfg.match_flops, task, field)
+        model_cfg = match_flops(model_cfg, cfg.match_flops, task, field, count or "active")
         filled.append(field)
     with open_dict(cfg):  # the resolved config records what was actually built
         for key in filled:
@@ -110,12 +112,15 @@ def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
     return model_cfg
 
 
-def match_params(model_cfg: ModelConfig, target: Any, field: str = "d_ff") -> ModelConfig:
+def match_params(model_cfg: ModelConfig, target: Any, field: str = "d_ff", count: str = "total") -> ModelConfig:
     """Solve model.<field> (d_ff) for `target`: a parameter count, or model fields naming a reference model (this
-    model with those fields changed, e.g. {ffn: relu}), whose parameter count is then the target."""
-    from archsweep.core.model.build import match_d_ff, match_field, parameter_count  # torch; only when asked
+    model with those fields changed, e.g. {ffn: relu}), whose parameter count is then the target. `count`: total
+    parameters, or those one token uses (active)."""
+    from archsweep.core.model.build import check_count, match_d_ff, match_field, parameter_count  # torch
 
     try:
+        check_count(count, "match_count")
+        parameter_count = functools.partial(parameter_count, count=count)
         if isinstance(target, DictConfig):
             fields = OmegaConf.to_container(target, resolve=True)
             reference = ModelConfig.from_dict({**model_cfg.to_dict(), **fields})
@@ -123,25 +128,28 @@ def match_params(model_cfg: ModelConfig, target: Any, field: str = "d_ff") -> Mo
             log.info(f"match_params: the reference model ({', '.join(f'{k}={v}' for k, v in fields.items())}) "
                      f"has {target:,} parameters")
         if field == "d_ff":
-            matched, count = match_d_ff(model_cfg, target)
+            matched, found = match_d_ff(model_cfg, target, count)
         else:
             model_cfg.validate()
-            matched, count = match_field(model_cfg, target, parameter_count, "match_params", field)
+            matched, found = match_field(model_cfg, target, parameter_count, "match_params", field)
     except ValueError as e:
-        raise ConfigError(str(e) if str(e).startswith("match_params") else f"match_params: {e}") from None
-    log.info(f"match_params: model.{field}={getattr(matched, field)} gives {count:,.0f} parameters "
-             f"({(count - target) / target:+.2%} from {target:,})")
+        raise ConfigError(str(e) if str(e).startswith("match_") else f"match_params: {e}") from None
+    log.info(f"match_params: model.{field}={getattr(matched, field)} gives {found:,.0f} {count} parameters "
+             f"({(found - target) / target:+.2%} from {target:,})")
     return matched
 
 
-def match_flops(model_cfg: ModelConfig, target: Any, task: Task, field: str = "d_ff") -> ModelConfig:
+def match_flops(model_cfg: ModelConfig, target: Any, task: Task, field: str = "d_ff",
+                count: str = "active") -> ModelConfig:
     """Solve model.<field> (d_ff) so the training FLOPs per token, at the task's batch shape, equal `target`: a
-    number, or model fields naming a reference model (e.g. {attention: full}) whose FLOPs per token it is."""
-    from archsweep.core.model.build import flops_per_token, match_field  # imports torch; only when asked for
+    number, or model fields naming a reference model (e.g. {attention: full}) whose FLOPs per token it is.
+    `count`: the work a token does (active), or what it would be on every parameter (total)."""
+    from archsweep.core.model.build import check_count, flops_per_token, match_field  # imports torch
 
     shape = task.flop_shape(model_cfg.kind)
-    measure = lambda cfg: flops_per_token(cfg, shape)  # noqa: E731
+    measure = lambda cfg: flops_per_token(cfg, shape, count)  # noqa: E731
     try:
+        check_count(count, "match_count")
         if isinstance(target, DictConfig):
             fields = OmegaConf.to_container(target, resolve=True)
             reference = ModelConfig.from_dict({**model_cfg.to_dict(), **fields})
@@ -153,11 +161,11 @@ def match_flops(model_cfg: ModelConfig, target: Any, task: Task, field: str = "d
             raise ValueError(f"match_flops={target!r} must be a positive number of FLOPs per token, model fields "
                              f"naming a reference model (e.g. {{attention: full}}), or null to turn it off")
         model_cfg.validate()
-        matched, count = match_field(model_cfg, float(target), measure, "match_flops", field, "FLOPs per token")
+        matched, found = match_field(model_cfg, float(target), measure, "match_flops", field, "FLOPs per token")
     except ValueError as e:
-        raise ConfigError(str(e) if str(e).startswith("match_flops") else f"match_flops: {e}") from None
-    log.info(f"match_flops: model.{field}={getattr(matched, field)} gives {count:,.0f} training FLOPs per token "
-             f"({(count - target) / target:+.2%} from {target:,.0f})")
+        raise ConfigError(str(e) if str(e).startswith("match_") else f"match_flops: {e}") from None
+    log.info(f"match_flops: model.{field}={getattr(matched, field)} gives {found:,.0f} {count} training FLOPs per "
+             f"token ({(found - target) / target:+.2%} from {target:,.0f})")
     return matched
 
 

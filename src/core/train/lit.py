@@ -1,7 +1,9 @@
 """The LightningModule: knows no architecture. It receives a built `nn.Module` and the task's function that
 runs it on a batch, and owns the loss, the optimiser, the schedule and the metrics.
 
-The training step avoids host-device synchronisation: losses and norms are logged as tensors (Lightning turns
+The training step adds the auxiliary losses the model's modules report for its forward (a router's balancing loss,
+PaLM's z-loss in the output head; `archsweep.variants.hooks`), logged as `train/aux/<name>`. It avoids
+host-device synchronisation: losses and norms are logged as tensors (Lightning turns
 them into numbers only on log steps), and accuracy and gradient norm are computed on log steps only. Validation
 and test use the metrics of `archsweep.core.eval.metrics` (the ones evaluate.py uses): updated on the device at
 each step, computed (summed over processes) and logged at the epoch's end.
@@ -25,6 +27,7 @@ from torch import Tensor, nn
 from archsweep.core.data.tasks.base import IGNORE_INDEX
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, by_length, row_stats, token_hits
 from archsweep.core.train.optim import make_optimizer, make_scheduler
+from archsweep.variants.hooks import collect_aux_losses
 
 
 def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
@@ -74,24 +77,17 @@ class LitModel(L.LightningModule):
         labels = batch["labels"]
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
                                label_smoothing=self.label_smoothing)
-        z_weight = getattr(getattr(self.model, "config", None), "z_loss", 0.0)
-        z_loss = self.z_loss(logits, labels) if z_weight else None
+        aux = collect_aux_losses(self.model, labels != IGNORE_INDEX)  # the modules' own losses of this forward
         if self._log_step():  # Lightning writes step metrics only on log steps; logging others is wasted work
             self.n_outputs = logits.shape[-1]
             self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, batch_size=labels.shape[0])
-            if z_loss is not None:
-                self.log("train/z_loss", z_loss.detach(), on_step=True, on_epoch=False)
+            for name, (_, value) in aux.items():  # unweighted; train/loss stays the cross-entropy alone
+                self.log(f"train/aux/{name}", value.detach(), on_step=True, on_epoch=False)
             hit, labelled = token_hits(logits.detach(), labels)  # as TokenAccuracy counts them
             self.log("train/acc", hit.sum() / labelled.sum().clamp(min=1), on_step=True, on_epoch=False)
-        return loss if z_loss is None else loss + z_weight * z_loss
-
-    @staticmethod
-    def z_loss(logits: Tensor, labels: Tensor) -> Tensor:
-        """PaLM's auxiliary loss (Chowdhery et al. 2022, section 5): mean over labelled tokens of log(Z)^2, Z the
-        softmax normaliser; it keeps log Z near 0. train/loss stays the cross-entropy alone."""
-        real = labels != IGNORE_INDEX
-        log_z = logits.float().logsumexp(dim=-1)  # (B, T)
-        return (log_z.square() * real).sum() / real.sum().clamp(min=1)
+        for weight, value in aux.values():
+            loss = loss + weight * value
+        return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._log_step():  # before clipping: the norm the gradient had

@@ -28,7 +28,8 @@ NS_DTYPES = {name: getattr(torch, name) for name in MUON_NS_DTYPES}
 def newton_schulz(g: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
     """An approximate U V^T of g = U S V^T (rows x cols): g scaled to spectral norm <= 1 (by its Frobenius norm),
     then `steps` iterations x <- a x + (b x x^T + c (x x^T)^2) x on the wide orientation (the smaller Gram
-    matrix). The reference runs it in bfloat16 on GPU; float32 is the default here."""
+    matrix). Leading dimensions are a batch: each (rows, cols) slice is orthogonalised on its own. The reference
+    runs it in bfloat16 on GPU; float32 is the default here."""
     a, b, c = NS_COEFFICIENTS
     x = g.to(dtype)
     tall = x.shape[-2] > x.shape[-1]
@@ -51,7 +52,8 @@ def update_scale(rows: int, cols: int, scaling: str) -> float:
 
 
 class Muon(torch.optim.Optimizer):
-    """Param groups with `muon: True` (2-D weights only) get Muon's update, the others AdamW's (Loshchilov & Hutter
+    """Param groups with `muon: True` (2-D weights, or 3-D stacks (E, out, in) orthogonalised slice by slice: each
+    expert's matrix on its own) get Muon's update, the others AdamW's (Loshchilov & Hutter
     2019, bias-corrected). Per group: lr, weight_decay (decoupled, times lr, for both kinds); Muon: momentum,
     nesterov, ns_steps, ns_dtype, scaling; AdamW: betas, eps."""
 
@@ -62,9 +64,9 @@ class Muon(torch.optim.Optimizer):
                         scaling=scaling, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False)
         super().__init__(params, defaults)
         for group in self.param_groups:
-            if group["muon"] and any(p.ndim != 2 for p in group["params"]):
-                raise ValueError("Muon orthogonalises 2-D weight matrices only; give the other parameters to a group "
-                                 "with muon=False (AdamW)")
+            if group["muon"] and any(p.ndim not in (2, 3) for p in group["params"]):
+                raise ValueError("Muon orthogonalises 2-D weight matrices, or stacks of them (E, out, in) one slice "
+                                 "at a time; give the other parameters to a group with muon=False (AdamW)")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -89,7 +91,7 @@ class Muon(torch.optim.Optimizer):
             direction = p.grad.lerp(buf, m) if group["nesterov"] else buf  # Nesterov: (1 - m) g + m buf
             update = newton_schulz(direction, group["ns_steps"], NS_DTYPES[group["ns_dtype"]])
             p.mul_(1 - lr * group["weight_decay"])
-            p.add_(update, alpha=-lr * update_scale(p.shape[0], p.shape[1], group["scaling"]))
+            p.add_(update, alpha=-lr * update_scale(p.shape[-2], p.shape[-1], group["scaling"]))
 
     def _adamw_step(self, group: dict[str, Any]) -> None:
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]

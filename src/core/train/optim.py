@@ -22,6 +22,7 @@ from archsweep.core.train.muon import Muon
 from archsweep.core.train.wsd import decay_start, decayed
 from archsweep.variants.blocks import Block
 from archsweep.variants.embedding import TokenEmbedding
+from archsweep.variants.hooks import weight_matrices
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict[str, Any]]:
@@ -40,11 +41,10 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
 
 
 def hidden_matrices(model: nn.Module) -> set[int]:
-    """ids of the weights of the linear layers inside the Transformer blocks (attention and FFN projections):
-    what Muon updates. Embeddings, position tables, the output head, a ViT's patch embedding and class head, norms
-    and biases are outside this set."""
-    return {id(m.weight) for block in model.modules() if isinstance(block, Block)
-            for m in block.modules() if isinstance(m, nn.Linear)}
+    """ids of the weight matrices inside the Transformer blocks (attention and FFN projections, and the matrices a
+    module declares with `weight_matrices()`, e.g. stacked experts): what Muon updates. Embeddings, position
+    tables, the output head, a ViT's patch embedding and class head, norms and biases are outside this set."""
+    return {id(p) for block in model.modules() if isinstance(block, Block) for p in weight_matrices(block)}
 
 
 def muon_param_groups(model: nn.Module, lr: float, adamw_lr: float, weight_decay: float,

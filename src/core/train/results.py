@@ -30,7 +30,8 @@ class Results:
     choices: dict[str, Any] | None = None  # config group -> option
     overrides: list[str] | None = None
     seed: Any = None
-    params: int | None = None
+    params: int | None = None  # trainable parameters, all of them
+    active_params: int | None = None  # those one token uses (less than params for a mixture of experts)
     steps: int | None = None  # optimiser steps taken
     budget: dict[str, Any] | None = None  # budget.flops / budget.tokens: {"unit", "requested", "per_step",
     # "max_steps", "steps", "spent", "spent_vs_requested"} (spent: the steps taken at per_step, by the budget's count)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from archsweep.variants.attention.layers import CrossAttention, SelfAttention
+from archsweep.variants.hooks import weight_matrices
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm.base import NormFactory, Residual, Sublayer
 
@@ -45,10 +46,9 @@ class DeepNorm(Residual):
         elif isinstance(sublayer, CrossAttention):
             sublayer.kv_proj.weight[sublayer.n_kv_heads * sublayer.head_dim:].mul_(self.beta)
             sublayer.out_proj.weight.mul_(self.beta)
-        else:  # the FFN: every matrix
-            for linear in sublayer.modules():
-                if isinstance(linear, nn.Linear):
-                    linear.weight.mul_(self.beta)
+        else:  # the FFN: every matrix, the ones it declares (`weight_matrices()`, e.g. stacked experts) too
+            for matrix in weight_matrices(sublayer):
+                matrix.mul_(self.beta)
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha:.4f}, beta={self.beta:.4f}, dropout={self.p}"

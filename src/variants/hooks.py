@@ -1,0 +1,105 @@
+"""Hooks through which a variant brings its own losses, parameters and costs, so the framework asks the modules
+instead of knowing architectures (a mixture-of-experts FFN is one file). Every hook is optional, duck-typed: a
+module defines the method, and the framework finds it by walking `model.modules()`.
+
+- `aux_losses(labelled) -> dict[str, AuxLoss]`: the auxiliary losses of the module's last training forward
+  (recorded only when `self.training` and gradients are on), then forgotten. `labelled` (the output's positions,
+  True where a label counts) is for modules at the output; others ignore it. The training step adds
+  `weight * value` to the loss and logs `value` as `train/aux/<name>`; equal names from several modules
+  (one balancing loss per layer) are summed. A training-mode forward outside a step (activation checkpointing's
+  recomputation) records too; the next step's forward replaces that record before it is read.
+- `init_parameters(scheme, n_layers)`: initialises the module's own parameters (not its children's) after the
+  default rules (`init.py`), for parameters that are not an nn.Linear or an embedding.
+- `weight_matrices() -> list[Parameter]`: its weight matrices that are not nn.Linear weights, 2-D or stacked
+  (E, out, in): Muon orthogonalises them (each slice on its own), DeepNorm scales them as FFN matrices.
+- `active_params() -> int`: how many of the module's parameters (children included) one token uses; default all.
+  `flops(shape)` (flops.py) counts the work a token does; with `shape.total` it counts every parameter's work.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+
+class AuxLoss(NamedTuple):
+    """One auxiliary loss of a step: its configured weight and its unweighted value (a scalar tensor)."""
+
+    weight: float
+    value: Tensor
+
+
+def collect_aux_losses(model: nn.Module, labelled: Tensor) -> dict[str, AuxLoss]:
+    """Every module's `aux_losses(labelled)`, by name. Equal names are summed: the value, and the weight of the sum
+    is the one they share (differing weights for one name are refused)."""
+    found: dict[str, AuxLoss] = {}
+    for module in model.modules():
+        hook = getattr(module, "aux_losses", None)
+        if not callable(hook):
+            continue
+        for name, (weight, value) in hook(labelled).items():
+            if name in found and found[name].weight != weight:
+                raise ValueError(f"auxiliary loss {name!r} is reported with weights {found[name].weight} and {weight} "
+                                 f"by different modules; give each weight its own loss name")
+            found[name] = AuxLoss(weight, found[name].value + value if name in found else value)
+    return found
+
+
+class ZLoss(nn.Module):
+    """PaLM's auxiliary loss (Chowdhery et al. 2022, section 5) on the logits passed through it: the mean over
+    labelled positions of log(Z)^2, Z the softmax normaliser; it keeps log Z near 0. Identity in the forward; with
+    `weight` 0 it records nothing."""
+
+    def __init__(self, weight: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.log_z: Tensor | None = None  # (...) of the last training forward
+
+    def forward(self, logits: Tensor) -> Tensor:
+        if self.weight and self.training and torch.is_grad_enabled():
+            self.log_z = logits.float().logsumexp(dim=-1)  # (B, T) or (B,)
+        return logits
+
+    def aux_losses(self, labelled: Tensor) -> dict[str, AuxLoss]:
+        log_z, self.log_z = self.log_z, None
+        if log_z is None:
+            return {}
+        if log_z.numel() != labelled.numel():
+            raise ValueError(f"z_loss: the output has {log_z.numel()} positions but the labels {labelled.numel()}; "
+                             f"the logits and labels of a step must align")
+        real = labelled.reshape(log_z.shape)
+        return {"z_loss": AuxLoss(self.weight, (log_z.square() * real).sum() / real.sum().clamp(min=1))}
+
+    def extra_repr(self) -> str:
+        return f"weight={self.weight}"
+
+
+def active_parameters(model: nn.Module) -> int:
+    """Trainable parameters one token uses: all of them, less what each module with `active_params()` leaves
+    unused (the outermost such module answers for its children). Shared parameters count once."""
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return total - sum(_unused(m) for m in _outermost(model, "active_params"))
+
+
+def _unused(module: nn.Module) -> int:
+    own = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return own - int(module.active_params())
+
+
+def _outermost(module: nn.Module, hook: str) -> list[nn.Module]:
+    if callable(getattr(module, hook, None)):
+        return [module]
+    return [found for child in module.children() for found in _outermost(child, hook)]
+
+
+def weight_matrices(module: nn.Module) -> list[nn.Parameter]:
+    """The nn.Linear weights under `module` and the matrices its modules declare (`weight_matrices()`), each once."""
+    seen: dict[int, nn.Parameter] = {}
+    for m in module.modules():
+        found = [m.weight] if isinstance(m, nn.Linear) else []
+        hook = getattr(m, "weight_matrices", None)
+        found += list(hook()) if callable(hook) else []
+        seen.update((id(p), p) for p in found)
+    return list(seen.values())
