@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from archsweep.core.data.shards import (FORMAT, META, TOKENIZER, VERSION, ShardWriter, dtype_for, file_sha256,
-                                        write_json)
+from archsweep.core.data.shards import FORMAT, META, TOKENIZER, VERSION, ShardWriter, dtype_for, file_sha256, write_json
 
 KINDS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 BATCH_BYTES = 1 << 18  # text per worker task: the unit of work, not of output (shards do not depend on it)
@@ -294,7 +293,7 @@ def prepare(argv: list[str] | None = None) -> dict:
 def run(args: argparse.Namespace, files: list[tuple[Path, str]], settings: dict, out: Path) -> dict:
     meta = check_folder(out, settings, args.overwrite)
     val, test = args.val_docs, args.test_docs
-    seen = sum(1 for _ in zip(range(val + test + 1), documents(args, files)))
+    seen = sum(1 for _ in zip(range(val + test + 1), documents(args, files), strict=False))
     if seen <= val + test:
         raise ValueError(f"the inputs hold {seen} documents (--split-docs {args.split_docs}), not more than "
                          f"--val-docs {val} + --test-docs {test}: none would be left for train; lower --val-docs")
