@@ -18,6 +18,12 @@ from archsweep.core.data.tasks.base import Task
 from archsweep.core.train.wsd import check_phases
 
 log = logging.getLogger("train")
+FSDP_STRATEGY = "fsdp2"  # conf/trainer/fsdp.yaml (core/train/shard.py); Lightning's own name `fsdp` means FSDP1
+
+
+def data_parallel(strategy: object) -> bool:
+    """Whether trainer.strategy runs one process per device with the data split among them: ddp* or fsdp2."""
+    return str(strategy).startswith("ddp") or strategy == FSDP_STRATEGY
 
 
 def gpu_present() -> bool:
@@ -73,16 +79,16 @@ def branches_on_one_process(cfg: DictConfig, task: Task) -> None:
     """Budget branches are fitted one after the other inside the job; a data-parallel job's processes would have
     to start each branch together, which fit.py does not do."""
     branches = cfg.schedule.get("branches")
-    if branches and str(cfg.trainer.get("strategy", "auto")).startswith("ddp"):
+    if branches and data_parallel(cfg.trainer.get("strategy", "auto")):
         raise ValueError(f"schedule.branches={list(branches)} with trainer.strategy={cfg.trainer.strategy}: budget "
                          f"branches run on one device only; drop the branches (one run per budget), or train on one "
                          f"device (trainer=cpu or trainer=gpu)")
 
 
 def processes(trainer: DictConfig) -> int | None:
-    """Data-parallel processes (devices x nodes) when the strategy is ddp and the count is known (auto, -1: only
-    Lightning knows it); else None."""
-    if not str(trainer.get("strategy", "auto")).startswith("ddp"):
+    """Data-parallel processes (devices x nodes) when the strategy is ddp or fsdp2 and the count is known (auto, -1:
+    only Lightning knows it); else None."""
+    if not data_parallel(trainer.get("strategy", "auto")):
         return None
     devices = trainer.get("devices", 1)
     if isinstance(devices, str) and devices.replace(",", "").strip().isdigit():
