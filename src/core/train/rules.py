@@ -19,6 +19,8 @@ from archsweep.core.train.wsd import check_phases
 
 log = logging.getLogger("train")
 FSDP_STRATEGY = "fsdp2"  # conf/trainer/fsdp.yaml (core/train/shard.py); Lightning's own name `fsdp` means FSDP1
+SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")  # what Lightning's ModelParallelStrategy takes, less
+# 16-true (float16 without a loss scaler)
 
 
 def data_parallel(strategy: object) -> bool:
@@ -83,6 +85,26 @@ def branches_on_one_process(cfg: DictConfig, task: Task) -> None:
         raise ValueError(f"schedule.branches={list(branches)} with trainer.strategy={cfg.trainer.strategy}: budget "
                          f"branches run on one device only; drop the branches (one run per budget), or train on one "
                          f"device (trainer=cpu or trainer=gpu)")
+
+
+def sharding_supports(cfg: DictConfig, task: Task) -> None:
+    """trainer=fsdp against what cannot be sharded: each refusal names the fix."""
+    if cfg.trainer.get("strategy") != FSDP_STRATEGY:
+        return
+    where = f"trainer.strategy={FSDP_STRATEGY} (trainer=fsdp)"
+    if processes(cfg.trainer) is None:
+        raise ValueError(f"trainer.devices={cfg.trainer.devices} with {where}: the processes to shard over must be "
+                         f"counted; give a number, e.g. trainer.devices=8")
+    if cfg.optim.get("name") == "muon":
+        raise ValueError(f"optim=muon with {where}: Muon orthogonalises whole weight matrices, which FSDP splits "
+                         f"across the processes; use trainer=ddp with Muon, or optim=adamw")
+    if cfg.eval.get("context_lengths") is not None:
+        raise ValueError(f"eval.context_lengths with {where}: that evaluation runs in one process, and the sharded "
+                         f"model needs all of them; drop eval.context_lengths and run evaluate.py "
+                         f"eval.context_lengths=[...] on the run's checkpoint")
+    if cfg.trainer.get("precision") not in SHARDED_PRECISIONS:
+        raise ValueError(f"trainer.precision={cfg.trainer.precision} with {where}: choose one of "
+                         f"{', '.join(SHARDED_PRECISIONS)} (bf16-mixed on GPUs)")
 
 
 def processes(trainer: DictConfig) -> int | None:
@@ -165,7 +187,8 @@ def tuned_keys_exist(cfg: DictConfig, task: Task) -> None:
 
 Rule = Callable[[DictConfig, Task], None]
 RULES: tuple[Rule, ...] = (accelerator_present, warmup_within_training, decay_after_warmup, decay_phases,
-                           branches_on_one_process, ddp_validation_batches, context_lengths_need_text, tuned_keys_exist)
+                           branches_on_one_process, sharding_supports, ddp_validation_batches,
+                           context_lengths_need_text, tuned_keys_exist)
 AFTER_IMPORTS: tuple[Rule, ...] = (precision_known,)  # need Lightning: run by job.py after the heavy imports
 
 
