@@ -70,6 +70,7 @@ def test_fsdp_counts_its_processes_and_takes_bf16_on_gpus_only(monkeypatch):
 
 @pytest.mark.parametrize("overrides, message", [
     (["trainer.devices=auto"], r"trainer.devices=auto with trainer.strategy=fsdp2 .* give a number"),
+    (["compile=true"], r"compile=true with trainer.strategy=fsdp2 .* drop compile=true, or use trainer=ddp"),
     (["optim=muon"], r"optim=muon with trainer.strategy=fsdp2 .* use trainer=ddp with Muon, or optim=adamw"),
     (["task=shakespeare_char", "model=decoder_only", "eval.context_lengths=[32]"],
      r"eval.context_lengths with trainer.strategy=fsdp2 .* run evaluate.py"),

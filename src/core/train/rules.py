@@ -95,6 +95,10 @@ def sharding_supports(cfg: DictConfig, task: Task) -> None:
     if processes(cfg.trainer) is None:
         raise ValueError(f"trainer.devices={cfg.trainer.devices} with {where}: the processes to shard over must be "
                          f"counted; give a number, e.g. trainer.devices=8")
+    if cfg.get("compile"):
+        raise ValueError(f"compile=true with {where}: the whole-model compile breaks at each sharded block and "
+                         f"recompiles the blocks past torch's limit, then runs them uncompiled; drop compile=true, or "
+                         f"use trainer=ddp compile=true where the model fits one device")
     if cfg.optim.get("name") == "muon":
         raise ValueError(f"optim=muon with {where}: Muon orthogonalises whole weight matrices, which FSDP splits "
                          f"across the processes; use trainer=ddp with Muon, or optim=adamw")
