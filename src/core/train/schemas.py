@@ -53,7 +53,6 @@ def check_adam_part(lr_key: str, lr: float, betas: list[float], eps: float, weig
         refuse("optim.weight_decay", weight_decay, "must be a number >= 0 (0: no weight decay)")
 
 
-
 def mixed_on_gpu(accelerator: str) -> str:
     """conf/trainer/fsdp.yaml's precision: bf16-mixed where `accelerator` is (or `auto` finds) a GPU, else 32-true."""
     from archsweep.core.train.rules import gpu_present
@@ -64,6 +63,7 @@ def mixed_on_gpu(accelerator: str) -> str:
 
 if not OmegaConf.has_resolver("mixed_on_gpu"):
     OmegaConf.register_new_resolver("mixed_on_gpu", mixed_on_gpu)
+
 
 @dataclass
 class AdamWSchema:

@@ -12,14 +12,19 @@ evaluate.py, generate.py, init_from and resume read them as any other run's.
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from archsweep.variants.blocks import Block
 
+if TYPE_CHECKING:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.device_mesh import DeviceMesh
 
-def sharded_strategy(processes: int, timeout_s: float | None):
+
+def sharded_strategy(processes: int, timeout_s: float | None) -> ModelParallelStrategy:
     """Lightning's ModelParallelStrategy over `processes` devices, all data parallel (no tensor parallelism), saving
     one consolidated checkpoint file on rank 0."""
     from lightning.pytorch.strategies import ModelParallelStrategy
@@ -29,7 +34,7 @@ def sharded_strategy(processes: int, timeout_s: float | None):
                                  save_distributed_checkpoint=False, timeout=timeout)
 
 
-def shard_model(model: nn.Module, mesh, bf16: bool) -> int:
+def shard_model(model: nn.Module, mesh: DeviceMesh, bf16: bool) -> int:
     """fully_shard each Block of `model`, then `model` itself, over the 1-D device `mesh`; with `bf16`, parameters
     are gathered and computed in bfloat16 and gradients reduced in float32. Returns the number of blocks sharded.
     Idempotent: an already sharded model is left as it is (Lightning calls configure_model for each stage)."""
