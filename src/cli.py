@@ -184,9 +184,18 @@ def train(start_time: float | None = None) -> None:
 def continue_run() -> None:
     """`resume=<run dir>`, or the same command re-run after an interrupt: the command line becomes the run's saved
     overrides with `ckpt_path` and `hydra.run.dir` set to it (core/train/resume.py), before Hydra composes. A
-    data-parallel worker is started with rank 0's command line, which is this one already."""
+    data-parallel worker is started with rank 0's command line, which is this one already; under torchrun, which
+    starts every rank with the user's, rank 0 expands it and the other ranks take rank 0's."""
+    from archsweep.core.train import torchrun
     from archsweep.core.train.resume import expand
 
+    if torchrun.under_torchrun() and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        raise SystemExit("error: torchrun starts one run on several processes; a sweep (-m) under torchrun would run "
+                         "it once per process. Run the sweep without torchrun, with trainer=ddp trainer.devices=<N> "
+                         "(each job then starts its own processes)")
+    if torchrun.under_torchrun() and torchrun.rank() != 0:
+        sys.argv[1:] = torchrun.agree_argv([])
+        return
     if rundir.is_worker_process():
         return
     default_root = str(OmegaConf.load(Path(CONF) / "train.yaml").output_root)
@@ -196,6 +205,8 @@ def continue_run() -> None:
         raise SystemExit(f"error: {e}") from None
     if note:
         print(note, flush=True)
+    if torchrun.under_torchrun():
+        torchrun.agree_argv(sys.argv[1:])
 
 
 def generate() -> None:

@@ -299,6 +299,9 @@ def check_command(command: str, folder: Path) -> None:
             continue
         if program in ("python", "python3"):
             check_python(args, example_options(folder))
+        elif program == "torchrun":  # torchrun's own --flags, then the script and its arguments, as python takes them
+            script = next(i for i, a in enumerate(args) if not a.startswith("-"))
+            check_python(args[script:], example_options(folder))
         elif program == "pip":
             check_pip(args)
         elif program == "archsweep-prepare":

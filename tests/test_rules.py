@@ -59,6 +59,31 @@ def test_data_parallel_processes_are_devices_times_nodes(devices, nodes, count):
     assert rules.processes(composed()[0].trainer) is None  # not data parallel
 
 
+def test_fsdp_counts_its_processes_and_takes_bf16_on_gpus_only(monkeypatch):
+    cfg, _ = composed("trainer=fsdp", "trainer.devices=4", "trainer.num_nodes=2")
+    assert rules.processes(cfg.trainer) == 8 and rules.data_parallel(cfg.trainer.strategy)
+    assert composed("trainer=fsdp", "trainer.accelerator=cpu")[0].trainer.precision == "32-true"
+    assert composed("trainer=fsdp", "trainer.accelerator=gpu")[0].trainer.precision == "bf16-mixed"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # auto on a machine without a GPU
+    assert composed("trainer=fsdp")[0].trainer.precision == "32-true"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.devices=auto"], r"trainer.devices=auto with trainer.strategy=fsdp2 .* give a number"),
+    (["compile=true"], r"compile=true with trainer.strategy=fsdp2 .* drop compile=true, or use trainer=ddp"),
+    (["optim=muon"], r"optim=muon with trainer.strategy=fsdp2 .* use trainer=ddp with Muon, or optim=adamw"),
+    (["task=shakespeare_char", "model=decoder_only", "eval.context_lengths=[32]"],
+     r"eval.context_lengths with trainer.strategy=fsdp2 .* run evaluate.py"),
+    (["trainer.precision=16-mixed"], r"trainer.precision=16-mixed with trainer.strategy=fsdp2 .* choose one of "
+                                     r"32-true, bf16-mixed, bf16-true"),
+    (["schedule=wsd", "schedule.branches=[0.5]"], r"schedule.branches=\[0.5\] with trainer.strategy=fsdp2"),
+])
+def test_what_fsdp_cannot_shard_is_refused_with_the_fix(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        rules.check_rules(*composed("trainer=fsdp", *overrides))
+    rules.sharding_supports(*composed("trainer=fsdp"))
+
+
 def test_ddp_validation_needs_a_batch_for_every_process():
     with pytest.raises(ValueError, match=r"task.val_batches=2 is fewer than the 4 data-parallel processes .* set "
                                          r"task.val_batches>=4"):

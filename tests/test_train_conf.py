@@ -178,6 +178,10 @@ def test_trainer_option_makes_a_trainer(choice, tmp_path):
     assert trainer.max_steps == cfg.trainer.max_steps
     if cfg.trainer.strategy == "ddp":
         assert trainer.strategy._timeout.total_seconds() == cfg.trainer.collective_timeout_s
+    if choice == "fsdp":  # FSDP2 through Lightning's ModelParallelStrategy, one consolidated checkpoint file
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        assert isinstance(trainer.strategy, ModelParallelStrategy) and cfg.trainer.precision == "32-true"  # CPU
 
 
 @pytest.mark.parametrize("choice", options("logger"))

@@ -194,9 +194,11 @@ class StopOnSignal(L.Callback):
     """SIGTERM (a scheduler's notice before a time-out) or SIGINT (Ctrl+C) during training: the step in progress
     completes (and one more when a validation is due after it); last.ckpt is written then and `Interrupted` raised,
     which fit.py turns into results.json `status: interrupted` and a non-zero exit. Resuming from that checkpoint
-    continues exactly. A second SIGINT stops at once. With several processes (DDP), Lightning's own SIGTERM
-    handling stops them all, and fit.py reports the last saved checkpoint. Without `last_path` (a budget branch,
-    which restarts from its own starting point) it stops after the current step and saves nothing."""
+    continues exactly. A second SIGINT stops at once. With several processes (ddp, fsdp) SIGTERM, to any of them,
+    is handled the same way: the processes agree at each step boundary whether one was signalled (one small
+    all-reduce, in place of Lightning's handler, whose broadcast from inside the signal handler can interleave with
+    a sharded model's own collectives and hang), and all stop there together. Without `last_path` (a budget
+    branch, which restarts from its own starting point) it stops after the current step and saves nothing."""
 
     def __init__(self, last_path: str | Path | None) -> None:
         self.last_path = str(last_path) if last_path is not None else None
@@ -206,9 +208,8 @@ class StopOnSignal(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Lightning's own handlers (registered before this hook); Lightning restores the earlier ones at the
         # end of fit, so a signal during the final evaluation ends the process as usual
-        if trainer.world_size == 1:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, self._handler)
+        for signum in (signal.SIGTERM, signal.SIGINT) if trainer.world_size == 1 else (signal.SIGTERM,):
+            signal.signal(signum, self._handler)
 
     @property
     def pending(self) -> int | None:
@@ -226,8 +227,12 @@ class StopOnSignal(L.Callback):
                            batch_idx: int) -> None:
         # the checkpoint is taken here, where Lightning resumes exactly; not before a due validation (a resumed run
         # would skip it) nor inside a step's micro-batches
-        if (self.signum is None or self.saved_step is not None or (batch_idx + 1) % trainer.accumulate_grad_batches
+        if (self.saved_step is not None or (batch_idx + 1) % trainer.accumulate_grad_batches
                 or (batch_idx + 1) % trainer.val_check_batch == 0):
+            return
+        if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False):
+            self.signum = self.signum or signal.SIGTERM  # this process's signal, or another's
+        if self.signum is None:
             return
         if self.last_path is not None:
             trainer.save_checkpoint(self.last_path, False)  # the full state (optimiser, loops), not weights only

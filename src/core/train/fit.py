@@ -51,8 +51,10 @@ from archsweep.core.train.lit import LitModel
 from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers, new_run_id
 from archsweep.core.train.memory import peak_mib, reset_peak
 from archsweep.core.train.results import RESULTS, Results
+from archsweep.core.train.rules import FSDP_STRATEGY, data_parallel, processes
 from archsweep.core.train.runinfo import RunInfo, compare_block, wandb_config
 from archsweep.core.train.setup import ConfigError, Setup
+from archsweep.core.train.shard import sharded_strategy
 from archsweep.core.train.summary import family, summary_line, validation_keys
 from archsweep.core.train.wsd import Branch
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, form_of
@@ -107,7 +109,11 @@ def validation_every(max_steps: int, interval: int) -> int:
 def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_dir: Path) -> L.Trainer:
     args = OmegaConf.to_container(cfg.trainer, resolve=True)
     args.pop("peak_flops", None)  # ours (MFU), not Lightning's
-    args["strategy"] = with_collective_timeout(args["strategy"], args.pop("collective_timeout_s", None))
+    timeout = args.pop("collective_timeout_s", None)
+    if args["strategy"] == FSDP_STRATEGY:  # trainer=fsdp (core/train/shard.py)
+        args["strategy"] = sharded_strategy(processes(cfg.trainer), timeout)
+    else:
+        args["strategy"] = with_collective_timeout(args["strategy"], timeout)
     accumulate = args.get("accumulate_grad_batches", 1)
     every = validation_every(args["max_steps"], args["val_check_interval"])
     if every != args["val_check_interval"]:
@@ -147,7 +153,7 @@ def stop_workers(trainer: L.Trainer) -> None:
 def explain_collective_timeout(error: BaseException, cfg: DictConfig) -> BaseException:
     """gloo's "Timed out waiting ... for recv" / NCCL's watchdog timeout, said in our terms."""
     text = str(error)
-    if not str(cfg.trainer.get("strategy", "")).startswith("ddp") or not (
+    if not data_parallel(cfg.trainer.get("strategy", "")) or not (
             "Timed out" in text or "timed out" in text or "Watchdog caught collective operation timeout" in text):
         return error
     seconds = cfg.trainer.get("collective_timeout_s")
@@ -283,7 +289,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     ckpt_cb = RunCheckpoint(info.run_dir / CKPT_DIR)
     progress = Progress(start_time, validation_keys(setup.task))
     compute = Compute(cfg.trainer.get("peak_flops"), cache_dir(cfg.task.get("cache_dir")))
-    if info.multirun and str(cfg.trainer.strategy).startswith("ddp") and "spawn" not in str(cfg.trainer.strategy):
+    if info.multirun and data_parallel(cfg.trainer.strategy) and "spawn" not in str(cfg.trainer.strategy):
         sweep_job_for_ddp(info)
     last_path = info.run_dir / CKPT_DIR / "last.ckpt"
     stop_cb = StopOnSignal(last_path)

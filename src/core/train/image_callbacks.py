@@ -102,8 +102,8 @@ class PatchAttentionMaps(L.Callback):
         self.batch: dict[str, Any] | None = None
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit" or not trainer.is_global_zero:
-            return
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return  # every process runs the forward (a sharded model gathers its blocks from all); rank 0 draws
         if self.batch is None:
             first = next(iter(self.task.dataloader("val", self.kind, self.seed)))
             self.batch = {k: v[:self.rows] if isinstance(v, Tensor) else v for k, v in first.items()}
@@ -116,6 +116,8 @@ class PatchAttentionMaps(L.Callback):
                 logits = pl_module(batch)[:, 0]  # (B, K)
         finally:
             model.train(was_training)
+        if not trainer.is_global_zero:
+            return
         layers = sorted((parse_name(name)[2], calls[0]) for name, calls in captured.items() if calls)
         maps = [patch_attention(p, model.n_prefix, model.patch_grid).cpu() for _, p in layers]
         names = self.task.class_names

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from archsweep.core.data.tasks.base import IGNORE_INDEX
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, by_length, row_stats, token_hits
 from archsweep.core.train.optim import make_optimizer, make_scheduler
+from archsweep.core.train.shard import shard_model
 from archsweep.variants.hooks import collect_aux_losses
 
 
@@ -57,6 +58,15 @@ class LitModel(L.LightningModule):
 
     def forward(self, batch: dict[str, Any]) -> Tensor:
         return self.forward_fn(self.model, batch)
+
+    def configure_model(self) -> None:
+        # trainer=fsdp: Lightning's ModelParallelStrategy has set up a device mesh; shard each block over it
+        if self.device_mesh is not None:
+            shard_model(self.model, self.device_mesh["data_parallel"], self.trainer.precision == "bf16-mixed")
+            # A parameter no loss reaches (encoder_only's pooling on a token task) has no optimiser state, which a
+            # strict sharded load refuses. The model's own keys need no strictness here: job.py has checked that
+            # the checkpoint holds this model's config.
+            self.strict_loading = False
 
     def _log_step(self) -> bool:
         every = self.trainer.log_every_n_steps

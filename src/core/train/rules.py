@@ -18,6 +18,14 @@ from archsweep.core.data.tasks.base import Task
 from archsweep.core.train.wsd import check_phases
 
 log = logging.getLogger("train")
+FSDP_STRATEGY = "fsdp2"  # conf/trainer/fsdp.yaml (core/train/shard.py); Lightning's own name `fsdp` means FSDP1
+SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")  # what Lightning's ModelParallelStrategy takes, less
+# 16-true (float16 without a loss scaler)
+
+
+def data_parallel(strategy: object) -> bool:
+    """Whether trainer.strategy runs one process per device with the data split among them: ddp* or fsdp2."""
+    return str(strategy).startswith("ddp") or strategy == FSDP_STRATEGY
 
 
 def gpu_present() -> bool:
@@ -73,16 +81,40 @@ def branches_on_one_process(cfg: DictConfig, task: Task) -> None:
     """Budget branches are fitted one after the other inside the job; a data-parallel job's processes would have
     to start each branch together, which fit.py does not do."""
     branches = cfg.schedule.get("branches")
-    if branches and str(cfg.trainer.get("strategy", "auto")).startswith("ddp"):
+    if branches and data_parallel(cfg.trainer.get("strategy", "auto")):
         raise ValueError(f"schedule.branches={list(branches)} with trainer.strategy={cfg.trainer.strategy}: budget "
                          f"branches run on one device only; drop the branches (one run per budget), or train on one "
                          f"device (trainer=cpu or trainer=gpu)")
 
 
+def sharding_supports(cfg: DictConfig, task: Task) -> None:
+    """trainer=fsdp against what cannot be sharded: each refusal names the fix."""
+    if cfg.trainer.get("strategy") != FSDP_STRATEGY:
+        return
+    where = f"trainer.strategy={FSDP_STRATEGY} (trainer=fsdp)"
+    if processes(cfg.trainer) is None:
+        raise ValueError(f"trainer.devices={cfg.trainer.devices} with {where}: the processes to shard over must be "
+                         f"counted; give a number, e.g. trainer.devices=8")
+    if cfg.get("compile"):
+        raise ValueError(f"compile=true with {where}: the whole-model compile breaks at each sharded block and "
+                         f"recompiles the blocks past torch's limit, then runs them uncompiled; drop compile=true, or "
+                         f"use trainer=ddp compile=true where the model fits one device")
+    if cfg.optim.get("name") == "muon":
+        raise ValueError(f"optim=muon with {where}: Muon orthogonalises whole weight matrices, which FSDP splits "
+                         f"across the processes; use trainer=ddp with Muon, or optim=adamw")
+    if cfg.eval.get("context_lengths") is not None:
+        raise ValueError(f"eval.context_lengths with {where}: that evaluation runs in one process, and the sharded "
+                         f"model needs all of them; drop eval.context_lengths and run evaluate.py "
+                         f"eval.context_lengths=[...] on the run's checkpoint")
+    if cfg.trainer.get("precision") not in SHARDED_PRECISIONS:
+        raise ValueError(f"trainer.precision={cfg.trainer.precision} with {where}: choose one of "
+                         f"{', '.join(SHARDED_PRECISIONS)} (bf16-mixed on GPUs)")
+
+
 def processes(trainer: DictConfig) -> int | None:
-    """Data-parallel processes (devices x nodes) when the strategy is ddp and the count is known (auto, -1: only
-    Lightning knows it); else None."""
-    if not str(trainer.get("strategy", "auto")).startswith("ddp"):
+    """Data-parallel processes (devices x nodes) when the strategy is ddp or fsdp2 and the count is known (auto, -1:
+    only Lightning knows it); else None."""
+    if not data_parallel(trainer.get("strategy", "auto")):
         return None
     devices = trainer.get("devices", 1)
     if isinstance(devices, str) and devices.replace(",", "").strip().isdigit():
@@ -159,7 +191,8 @@ def tuned_keys_exist(cfg: DictConfig, task: Task) -> None:
 
 Rule = Callable[[DictConfig, Task], None]
 RULES: tuple[Rule, ...] = (accelerator_present, warmup_within_training, decay_after_warmup, decay_phases,
-                           branches_on_one_process, ddp_validation_batches, context_lengths_need_text, tuned_keys_exist)
+                           branches_on_one_process, sharding_supports, ddp_validation_batches,
+                           context_lengths_need_text, tuned_keys_exist)
 AFTER_IMPORTS: tuple[Rule, ...] = (precision_known,)  # need Lightning: run by job.py after the heavy imports
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from filelock import SoftFileLock, Timeout
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from archsweep.core.model.checkpoint import CKPT_DIR, resolve_checkpoint
 from archsweep.core.train.results import RESULTS, Results
@@ -294,6 +294,15 @@ def withdraw(run_dir: Path) -> None:
         before.restore()
 
 
+def take_rank0_directory(config: DictConfig, run_dir: str, rank: int) -> None:
+    """A torchrun rank other than 0: work in rank 0's run directory, log to train_ddp_process_<rank>.log (Lightning's
+    name for its own workers' logs) and leave `.hydra/` to rank 0."""
+    with read_write(config), open_dict(config):
+        config.hydra.run.dir = run_dir
+        config.hydra.job.name = f"train_ddp_process_{rank}"
+        config.hydra.output_subdir = None
+
+
 class RunDirectory(Callback):
     """Hydra callback (conf/train.yaml: hydra.callbacks): claims a single run's directory before Hydra writes
     anything into it (`.hydra/`), so a refused directory is left exactly as it was."""
@@ -302,10 +311,18 @@ class RunDirectory(Callback):
     trace_dir: Path | None = None  # trace_shapes=true: the run directory Hydra makes for it, removed at the end
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from archsweep.core.train import torchrun
+
+        if torchrun.under_torchrun() and torchrun.rank() != 0:
+            take_rank0_directory(config, torchrun.agree_run_dir(""), torchrun.rank())
         if config.get("trace_shapes") and not is_worker_process():
             run_dir = Path(str(config.hydra.run.dir))
             self.trace_dir = None if run_dir.exists() else run_dir
-        if is_worker_process() or config.get("trace_shapes"):
+        if is_worker_process():
+            return
+        if config.get("trace_shapes"):
+            if torchrun.under_torchrun():
+                torchrun.agree_run_dir(str(config.hydra.run.dir))
             return
         run_dir = Path(str(config.hydra.run.dir))
         before = Before(run_dir)
@@ -317,6 +334,8 @@ class RunDirectory(Callback):
             raise SystemExit(f"error: {e}") from None
         before.lock = self.lock
         STARTS[run_dir.resolve()] = before
+        if torchrun.under_torchrun():  # claimed: the other ranks may work in it now
+            torchrun.agree_run_dir(str(run_dir))
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.lock is not None:

@@ -53,6 +53,18 @@ def check_adam_part(lr_key: str, lr: float, betas: list[float], eps: float, weig
         refuse("optim.weight_decay", weight_decay, "must be a number >= 0 (0: no weight decay)")
 
 
+def mixed_on_gpu(accelerator: str) -> str:
+    """conf/trainer/fsdp.yaml's precision: bf16-mixed where `accelerator` is (or `auto` finds) a GPU, else 32-true."""
+    from archsweep.core.train.rules import gpu_present
+
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpu_present())
+    return "bf16-mixed" if on_gpu else "32-true"
+
+
+if not OmegaConf.has_resolver("mixed_on_gpu"):
+    OmegaConf.register_new_resolver("mixed_on_gpu", mixed_on_gpu)
+
+
 @dataclass
 class AdamWSchema:
     """conf/optim/adamw.yaml."""
