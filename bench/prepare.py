@@ -6,6 +6,12 @@ RSS (most of it is `datasets`' import and first read; it does not grow with the 
 
     python bench/prepare.py            # 100 MB
     python bench/prepare.py --mb 20    # a quicker look
+    python bench/prepare.py --check    # also: the shards against a direct tokenization, and a kill and re-run
+
+`--check` then tokenizes every document of the corpus directly (one process, the same tokenizer) and compares the
+token, document and byte counts and the tokens themselves with the shards; and it starts the command again into a
+new folder, kills it (SIGKILL) once its first shard exists, runs it again, and reports whether the shards written
+before the kill were left untouched (inode and modification time) and the folder equals the uninterrupted one's.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,11 +62,56 @@ def run(text: Path, tokenizer: Path, out: Path, workers: int, shard_tokens: int)
     return tokens, seconds, usage
 
 
+def direct_check(text: Path, tokenizer: Path, out: Path) -> None:
+    """The shards in `out` against every document of `text` (blank-line paragraphs) encoded directly."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    eos = tok.token_to_id("<|endoftext|>")
+    docs = [d for d in text.read_text().split("\n\n") if d.strip()]
+    meta = json.loads((out / "meta.json").read_text())
+    shards = np.concatenate([np.load(out / s["file"]) for split in ("val", "train") for s in meta["splits"][split]])
+    start, ok, tokens, nbytes = 0, True, 0, 0
+    for i in range(0, len(docs), 10_000):
+        for enc, doc in zip(tok.encode_batch(docs[i:i + 10_000], add_special_tokens=False), docs[i:i + 10_000],
+                            strict=True):
+            ids = np.append(np.asarray(enc.ids, dtype=shards.dtype), eos)
+            ok = ok and np.array_equal(shards[start:start + len(ids)], ids)
+            start, tokens, nbytes = start + len(ids), tokens + len(ids), nbytes + len(doc.encode())
+    counted = {k: sum(s[k] for split in meta["splits"].values() for s in split) for k in ("tokens", "documents",
+                                                                                        "bytes")}
+    print(f"direct tokenization: {tokens:,} tokens, {len(docs):,} documents, {nbytes:,} bytes; shards: "
+          f"{counted['tokens']:,}, {counted['documents']:,}, {counted['bytes']:,}; every token equal: "
+          f"{ok and start == len(shards)}")
+
+
+def kill_and_rerun(text: Path, tokenizer: Path, out: Path, reference: Path, shard_tokens: int) -> None:
+    args = [sys.executable, "-m", "archsweep.core.data.prepare", str(text), "--out", str(out), "--tokenizer",
+            str(tokenizer), "--workers", "2", "--shard-tokens", str(shard_tokens)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while proc.poll() is None and not list(out.glob("train_000000.npy")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.glob("*.npy")}
+    start = time.perf_counter()
+    subprocess.run(args, check=True, capture_output=True)
+    after = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in out.glob("*.npy")}
+    kept = all(after.get(name) == stamp for name, stamp in before.items())
+    same = sorted(after) == sorted(f.name for f in reference.glob("*.npy")) and all(
+        (out / name).read_bytes() == (reference / name).read_bytes() for name in after)
+    print(f"killed after its first shard: {len(before)} shard(s) on disk; the re-run took "
+          f"{time.perf_counter() - start:.1f} s, wrote {len(set(after) - set(before))} more, left the earlier ones "
+          f"untouched: {kept}; the folder equals the uninterrupted run's: {same}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=int, default=100)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--shard-tokens", type=int, default=10_000_000)
+    p.add_argument("--check", action="store_true", help="compare with a direct tokenization; kill and re-run")
     args = p.parse_args()
     source = next((d / "tinyshakespeare.txt" for d in paths.data_dirs() if (d / "tinyshakespeare.txt").is_file()),
                   None)
@@ -84,6 +136,9 @@ def main() -> None:
                   f"main process peak RSS {use['peak_rss_kb'] / 1024:.0f} MiB")
         same = all((tmp / "out1" / f.name).read_bytes() == f.read_bytes() for f in (tmp / "out2").glob("*.npy"))
         print(f"2 vs 1 workers: {rates[2] / rates[1]:.2f}x; shards identical: {same}")
+        if args.check:
+            direct_check(text, tokenizer, tmp / "out2")
+            kill_and_rerun(text, tokenizer, tmp / "killed", tmp / "out2", args.shard_tokens)
 
 
 if __name__ == "__main__":
