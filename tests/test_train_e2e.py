@@ -30,7 +30,7 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
                "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib",
                "flops_per_token", "total_flops", "mfu", "peak_flops", "peak_source", "peak_age_s", "mfu_estimate",
-               "task_family", "interrupted", "compare", "budget", "budgets", "version"}
+               "task_family", "interrupted", "compare", "budget", "budgets", "version", "active_params"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
 GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding",
           "callbacks",
