@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import os
 import shutil
 import sys
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from archsweep.core.data.paths import DATA_ENV, user_data_dir
+from archsweep.core.data.paths import file_sha256 as sha256_of
 
 TIMEOUT_S = 30.0
 
@@ -88,14 +88,6 @@ CORPORA = {
 
 class FetchError(RuntimeError):
     """A corpus could not be downloaded or did not match its checksum; the message says what to do."""
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def hint(path: Path) -> str | None:

@@ -10,6 +10,7 @@ folder `$XDG_DATA_HOME/archsweep/data` (`~/.local/share/archsweep/data`), where
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -64,3 +65,12 @@ def locate(path: str | os.PathLike, data: str | os.PathLike | None, what: str, h
     fetch = hint(given) if hint is not None else None
     raise FileNotFoundError(f"{what}: {path} not found (tried {', '.join(map(str, tried))}). "
                             + (f"{fetch} " if fetch else "") + how)
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read 1 MiB at a time (corpus checksums, the tokenizer a shard folder names)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

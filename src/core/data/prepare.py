@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from archsweep.core.data.shards import FORMAT, META, TOKENIZER, VERSION, ShardWriter, dtype_for, file_sha256, write_json
+from archsweep.core.data.paths import file_sha256
+from archsweep.core.data.shards import FORMAT, META, TOKENIZER, VERSION, ShardWriter, dtype_for, write_json
 
 KINDS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 BATCH_BYTES = 1 << 18  # text per worker task: the unit of work, not of output (shards do not depend on it)

@@ -10,7 +10,6 @@ refused before training starts rather than read as garbage.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -80,22 +79,6 @@ def open_shards(folder: str | Path, dtype: str | None = None, boundary_id: int |
     if (folder / META).is_file():
         return _open_archsweep(folder, want, boundary_id, what)
     return _open_foreign(folder, want, boundary_id, what)
-
-
-def max_token(array: np.ndarray, chunk: int = 1 << 24) -> int:
-    """The largest id in `array` (-1 when empty), read `chunk` tokens at a time: constant memory on a memmap."""
-    best = -1
-    for start in range(0, len(array), chunk):
-        best = max(best, int(array[start:start + chunk].max()))
-    return best
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _parse_dtype(dtype: str | None, what: str) -> np.dtype | None:

@@ -103,7 +103,7 @@ class TokensTask(Task):
     def check_tokenizer(self, tokenizer: str | None) -> Path | None:
         """The tokenizer.json that decodes these shards: the shards' own, or `task.tokenizer`, which must be the
         one they were made with (same SHA-256) where meta.json records it."""
-        from archsweep.core.data.shards import file_sha256
+        from archsweep.core.data.paths import file_sha256
 
         if tokenizer is None:
             return self.shards.tokenizer_path
