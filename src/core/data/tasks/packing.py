@@ -46,13 +46,16 @@ class DocIndex:
         info_path, starts_path = folder / f"{key}.json", folder / f"{key}.starts"
         info = read_json(info_path)
         if info is None or not starts_path.is_file() or starts_path.stat().st_size != 8 * info["n_starts"]:
-            info = cls.build(tokens, boundary_id, folder, key)
+            info = cls.build(tokens, boundary_id, folder, key, path)
         starts = (np.memmap(starts_path, dtype=np.int64, mode="r") if info["n_starts"]
                   else np.zeros(0, dtype=np.int64))
         return cls(starts, info["max_id"], info["end"])
 
     @staticmethod
-    def build(tokens: np.ndarray, boundary_id: int | None, folder: Path, key: str) -> dict[str, Any]:
+    def build(tokens: np.ndarray, boundary_id: int | None, folder: Path, key: str, path: Path) -> dict[str, Any]:
+        from archsweep.core.data.cache import say
+
+        say(f"indexing {path.name} ({len(tokens):,} tokens: document starts, largest id) once, into {folder}")
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"{key}.starts.tmp-{os.getpid()}"
         max_id, n = -1, 0
