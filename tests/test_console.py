@@ -143,6 +143,38 @@ def test_short_runs_validate_several_times_ending_at_the_last_step():
         assert steps % every == 0 or 4 <= count <= 8
 
 
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_final_step_is_validated_when_the_interval_does_not_divide_the_run(tmp_path, accumulate):
+    import lightning as L
+    import torch
+
+    from archsweep.core.train.callbacks import ValidateAtEnd
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.validated: list[int] = []
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch).square().mean()
+
+        def validation_step(self, batch, batch_idx):
+            if batch_idx == 0:
+                self.validated.append(self.trainer.global_step)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.utils.data.DataLoader(torch.randn(400, 2), batch_size=4)
+    tiny = Tiny()
+    L.Trainer(max_steps=23, val_check_interval=10 * accumulate, check_val_every_n_epoch=None,
+              accumulate_grad_batches=accumulate, callbacks=[ValidateAtEnd()], logger=False,
+              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              num_sanity_val_steps=0, default_root_dir=tmp_path).fit(tiny, data, data)
+    assert tiny.validated == [10, 20, 23]  # without ValidateAtEnd: [10, 20], steps 21-23 never validated
+
 # the sweep-end table
 def sweep_row(job, family, val, test, status="completed", error=None):
     return {"job": job, "name": f"seed={job}", "status": status, "error": error, "run_dir": f"runs/{job}",

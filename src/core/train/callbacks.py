@@ -182,6 +182,20 @@ class Progress(L.Callback):
         return self.tokens / self.train_s if self.train_s else 0.0
 
 
+class ValidateAtEnd(L.Callback):
+    """Validates after the final step when `val_check_interval` does not divide `max_steps` (a FLOP budget's step
+    count, say), so the run's last weights are validated and can be its best checkpoint; without it the steps after
+    the last multiple of the interval are never validated. It asks for a stop at the final step, which Lightning
+    answers by validating before it ends (as it does for EarlyStopping)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        batches = trainer.global_step * trainer.accumulate_grad_batches  # the stream's batches, as Lightning counts
+        if (trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+                and (batch_idx + 1) % trainer.accumulate_grad_batches == 0 and batches % trainer.val_check_batch):
+            trainer.should_stop = True
+
+
 class Interrupted(Exception):
     """Training stopped by a signal; `last.ckpt` holds the state after `step` optimiser steps."""
 

@@ -42,7 +42,14 @@ from archsweep.core.train.branches import (
     stable_points,
 )
 from archsweep.core.train.callback_group import make_callbacks
-from archsweep.core.train.callbacks import AtomicCheckpointIO, Interrupted, Progress, RunCheckpoint, StopOnSignal
+from archsweep.core.train.callbacks import (
+    AtomicCheckpointIO,
+    Interrupted,
+    Progress,
+    RunCheckpoint,
+    StopOnSignal,
+    ValidateAtEnd,
+)
 from archsweep.core.train.compute import Compute
 from archsweep.core.train.decode_callback import DecodeOnValidation
 from archsweep.core.train.diagnostic_callbacks import DivergenceMonitor, diagnostic_callbacks
@@ -98,8 +105,8 @@ def sweep_job_for_ddp(info: RunInfo) -> None:
 def validation_every(max_steps: int, interval: int) -> int:
     """Steps between validations: `interval`, or in a run shorter than it (a short sweep) the largest divisor of
     max_steps that gives 4 to 20 validations, the last at the final step, so loss curves are curves; where no
-    divisor does (max_steps prime, say, as a FLOP budget can make it), 8 evenly spaced ones (the final evaluation
-    still reads the validation split)."""
+    divisor does (max_steps prime, say, as a FLOP budget can make it), 8 evenly spaced ones. Either way the final
+    step is validated too (callbacks.ValidateAtEnd)."""
     if max_steps >= interval:
         return interval
     fitting = [d for d in range(1, max_steps // 4 + 1) if max_steps % d == 0 and max_steps // d <= 20]
@@ -293,7 +300,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
         sweep_job_for_ddp(info)
     last_path = info.run_dir / CKPT_DIR / "last.ckpt"
     stop_cb = StopOnSignal(last_path)
-    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, stop_cb,
+    callbacks: list[L.Callback] = [ckpt_cb, progress, compute, stop_cb, ValidateAtEnd(),
                                    LearningRateMonitor(logging_interval="step")]  # train/lr/pg<N>
     plan = plan_of(cfg)  # budget branches (schedule.branches): their stable-phase states are saved as the run passes
     if plan:
