@@ -99,9 +99,10 @@ def test_a_run_moved_to_another_folder_resumes_to_completion_with_its_own_checkp
     assert code == 0, out[-3000:]
     after = results(moved)
     assert after["status"] == "completed" and after["steps"] == 6
-    # no validation after the resume (the next is due at step 8): the best checkpoint is the moved step-4 one
+    # the final step is validated after the resume; best.ckpt is the moved folder's own whichever step it holds (a
+    # best that stays the moved step-4 one is tests/test_run_dirs.py's test of RunCheckpoint)
     assert after["best_checkpoint"] == str(moved / "checkpoints" / "best.ckpt")
-    assert after["val"] == before["val"]
+    assert after["val"]["loss"] != before["val"]["loss"]  # validated at step 6, not read from step 4
     assert after["last_checkpoint"] == str(moved / "checkpoints" / "last.ckpt")
     assert torch.load(moved / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     assert not first.exists()
