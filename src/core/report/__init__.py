@@ -73,7 +73,7 @@ def choose_sort(expr: str | None, columns: list[str], available: list[str], has_
                 question: str | None = None, notes: list[str] | None = None) -> SortKey:
     """--sort's column; without it the runs' compare.metric (question), else val/loss or the first column."""
     if expr is None and question is not None:
-        if question in available:
+        if question.partition(":")[0] in available:  # a metric with its direction (by_context/ppl_ratio:min)
             return parse_sort(question, available)
         if notes is not None:
             notes.append(f"the runs' compare.metric={question} is not in their results; sorted by the default")
@@ -172,7 +172,7 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     columns = metric_columns(runs, metrics)
     question = settings.get("metric") if sort is None else None
     order = choose_sort(sort, columns, available, tgt is not None, question, notes)
-    asked = question is not None and order.key == question
+    asked = question is not None and order.key == question.partition(":")[0]
     if order.key not in columns and order.key != "target" and order.key in available:
         columns.append(order.key)
     routed = any(r.results.active_params not in (None, r.results.params) for r in runs)
