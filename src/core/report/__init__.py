@@ -26,7 +26,7 @@ from archsweep.core.report.plots import (
     plot_loss_vs_flops,
     plot_sensitivity,
 )
-from archsweep.core.report.render import COUNTS, Report, csv_text, json_text, markdown, terminal
+from archsweep.core.report.render import COUNTS, Report, csv_text, estimated_mfu, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 from archsweep.core.report.scaling import plot_scaling, scaling_fits
 from archsweep.core.report.significance import against_baseline, find_baselines
@@ -111,6 +111,17 @@ def settings_of(runs: list[Run], notes: list[str]) -> dict:
     return first
 
 
+def mfu_notes(cells: list) -> list[str]:
+    """What the MFU column is measured against, when it is an estimate (a probed peak: a CPU's, no data sheet)."""
+    estimated = estimated_mfu(cells)
+    if not estimated:
+        return []
+    sources = sorted({str(r.results.peak_source) for r in estimated})
+    return [f"MFU (est.) of {len(estimated)} run{'s' * (len(estimated) > 1)} is an estimate, against a probed peak "
+            f"({'; '.join(sources[:3])}{'; ...' if len(sources) > 3 else ''}); trainer.peak_flops=<FLOP/s> measures "
+            f"it against a figure you give"]
+
+
 GROUP_BY = ("task",)
 
 
@@ -184,6 +195,8 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
             tune_cell(cell, tuned, selection)
         aggregate(cell, columns, tgt)
     notes += run_notes(runs, {c.label: c.runs for c in cells})
+    if "mfu" in columns:
+        notes += mfu_notes(cells)
     out_dir = Path(out) if out is not None else paths[0]
     ordered = sort_within_tasks(cells, order) if group_by == "task" else sort_cells(cells, order)
     fits = scaling_fits(cells, scaling, keys, scaling_metric) if scaling is not None else []
