@@ -275,6 +275,10 @@ def test_the_runs_metric_sorts_and_stars_unless_sort_is_given(tmp_path):
     assert "sorted by test_long/exact_match (the preset's question; higher is better)" in terminal(report)
     told = compare([s], sort="val/loss")
     assert told.cells[0].values["pos"] == "rotary" and "preset's question" not in terminal(told)
+    from archsweep.cli import compare_args
+
+    flags = compare_args([str(s), "--metric", "val/loss", "--metrics", "val/loss,test/loss"])  # --metric: --sort
+    assert flags.sort == "val/loss" and flags.metrics == "val/loss,test/loss"
 
 
 @pytest.mark.parametrize("spec, match", [
