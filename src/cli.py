@@ -248,8 +248,10 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="directory for the outputs (default: the first sweep directory)")
     p.add_argument("--target", help="METRIC OP VALUE on a logged metric, e.g. 'val/exact_match>=0.9' (the default "
                    "when the runs log val/exact_match); 'none' for no steps-to-target column")
-    p.add_argument("--sort", help="column to sort cells by, best first: val/loss (default), test/exact_match, "
-                   "tokens_per_s, target, ...; lower or higher is better from the name, or add :min / :max")
+    p.add_argument("--sort", "--metric", dest="sort", metavar="COLUMN",
+                   help="column to sort and star the cells by, best first (default: the runs' compare.metric, the "
+                   "metric that answers their preset's question, else val/loss): test/exact_match, tokens_per_s, "
+                   "target, ...; lower or higher is better from the name, or add :min / :max")
     p.add_argument("--metrics", help="comma-separated final metrics to show instead of the default ones, "
                    "e.g. val/loss,test/acc,test_long/acc")
     p.add_argument("--length-metric", default="exact_match", choices=["exact_match", "acc"],

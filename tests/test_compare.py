@@ -444,3 +444,16 @@ def test_active_params_show_only_where_a_run_leaves_parameters_unused(tmp_path):
     header = terminal(report).splitlines()[3]
     assert header.index("tokens/s") < header.index(" params ") < header.index("active params")
     assert {c.label: c.stats["active_params"].mean for c in report.cells} == {"norm=pre": 1000, "norm=post": 1500}
+
+
+def test_mfu_against_a_probed_peak_is_labelled_an_estimate_with_its_source(tmp_path):
+    probed = {"mfu": 0.25, "mfu_estimate": True, "peak_source": "CPU probe, 2 h old, load 0.3 on 2 cores"}
+    sheet = {"mfu": 0.4, "mfu_estimate": False, "peak_source": "Lightning's table for NVIDIA H100"}
+    write_run(tmp_path / "cpu" / "0", ["norm=pre"], done(1.0, 0.5, 0.5, **probed))
+    write_run(tmp_path / "cpu" / "1", ["norm=post"], done(1.1, 0.5, 0.5, **probed))
+    write_run(tmp_path / "gpu" / "0", ["norm=pre"], done(1.0, 0.5, 0.5, **sheet))
+    write_run(tmp_path / "gpu" / "1", ["norm=post"], done(1.1, 0.5, 0.5, **sheet))
+    cpu, gpu = terminal(compare([tmp_path / "cpu"])), terminal(compare([tmp_path / "gpu"]))
+    assert "MFU (est.)" in cpu and "25.0%" in cpu
+    assert "MFU (est.) of 2 runs is an estimate, against a probed peak (CPU probe, 2 h old, load 0.3 on 2 cores)" in cpu
+    assert "  MFU  " in gpu and "40.0%" in gpu and "MFU (est.)" not in gpu and "probed peak" not in gpu

@@ -219,6 +219,30 @@ def test_a_probe_taken_under_load_is_not_trusted_and_is_replaced_on_a_quiet_mach
     assert len(machine.probes) == compute.PROBE_TRIES + 1  # a trusted record is used as it is
 
 
+def test_a_suspect_probe_waits_for_a_quiet_start_to_be_taken_again(tmp_path, monkeypatch, caplog):
+    """On a machine that stays busy (a parallel sweep's jobs), each run would probe three times, slowing the other
+    jobs, for a figure as suspect as the cached one: the cached one is used, said to be suspect, until a start
+    finds the idle cores."""
+    cpu = torch.device("cpu")
+    machine = Machine(monkeypatch, rate=26.6e9, one_thread=40e9, load=9.0)
+    compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert len(machine.probes) == compute.PROBE_TRIES
+    machine.now += HOUR
+    with caplog.at_level(logging.INFO, logger=compute.__name__):
+        still = compute.peak_flops(cpu, "32-true", None, tmp_path)
+    assert len(machine.probes) == compute.PROBE_TRIES  # not taken while the machine is busy
+    assert still.flops == 80e9 and still.source == \
+        "CPU probe, 1 h old, load 9.0 on 8 cores (suspect: fewer idle cores than its 2 threads)"
+    assert "keeping the suspect matmul probe (fewer idle cores than its 2 threads): the machine is busy now " \
+           "(load 9.0 on 8 cores); it is taken again at a quieter start" in caplog.text
+    machine.rate, machine.one_thread, machine.load = 104e9, 49.4e9, 6.4  # 6.4 of 8 cores busy: 2 threads fit
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path).source == "CPU probe, just taken, load 6.4 on 8 cores"
+    assert len(machine.probes) == compute.PROBE_TRIES + 1
+    machine.now += 31 * 86400  # stale: taken whatever the load
+    machine.load = 9.0
+    assert compute.peak_flops(cpu, "32-true", None, tmp_path).source.startswith("CPU probe, just taken, load 9.0")
+
+
 def test_a_probe_far_below_one_thread_times_the_threads_is_suspect(tmp_path, monkeypatch):
     machine = Machine(monkeypatch, rate=26.6e9, one_thread=49.4e9)  # an idle load, yet 2 threads < 1 thread
     peak = compute.peak_flops(torch.device("cpu"), "32-true", None, tmp_path)

@@ -73,6 +73,8 @@ def test_library_noise_is_dropped():
     assert not keep.filter(record("💡 Tip: For seamless cloud logging ..."))
     assert not keep.filter(record("TPU available: False, using: 0 TPU cores"))
     assert not keep.filter(record("`weights_only` was not set, defaulting to `False`."))
+    assert not keep.filter(record("`Trainer.fit` stopped: `max_steps=20` reached."))
+    assert keep.filter(record("`Trainer.fit` stopped: `max_epochs=1` reached."))  # fewer steps than asked for
     assert keep.filter(record("GPU available: False, used: False"))
 
 

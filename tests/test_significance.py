@@ -17,6 +17,7 @@ from scipy import stats
 from test_compare import done, write_run
 
 from archsweep.core.report import CompareError, compare, terminal, write
+from archsweep.core.report.cells import SortKey, parse_sort
 from archsweep.core.report.significance import holm, min_detectable, paired, power, seeds_needed, welch
 from archsweep.core.train.schemas import check_schemas
 
@@ -274,6 +275,10 @@ def test_the_runs_metric_sorts_and_stars_unless_sort_is_given(tmp_path):
     assert "sorted by test_long/exact_match (the preset's question; higher is better)" in terminal(report)
     told = compare([s], sort="val/loss")
     assert told.cells[0].values["pos"] == "rotary" and "preset's question" not in terminal(told)
+    from archsweep.cli import compare_args
+
+    flags = compare_args([str(s), "--metric", "val/loss", "--metrics", "val/loss,test/loss"])  # --metric: --sort
+    assert flags.sort == "val/loss" and flags.metrics == "val/loss,test/loss"
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -393,6 +398,37 @@ def test_a_presets_compare_block_names_keys_and_a_cell_of_its_own_sweep(name):
         assert spec and set(spec) <= set(grid) - {"seed", *block.tune}, f"{name}: compare.baseline={block.baseline!r}"
         for key, value in spec.items():
             assert canon(value) in {canon(v) for v in grid[key]}, f"{name}: {key}={value} is not in its sweep"
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_names_a_metric_its_runs_record_and_compare_can_rank(name):
+    """The metric that answers a preset's question is one its runs write (a split its task evaluates, by_context
+    where it evaluates other contexts) and one whose better direction compare.py knows, so it sorts and stars by it."""
+    from hydra.utils import get_object
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={name}"])
+    metric = check_schemas(cfg).groups["compare"].metric
+    assert metric is not None, f"{name}: no compare.metric"
+    key = metric.partition(":")[0]
+    splits = {"train", "val", *get_object(cfg.task._target_).test_splits}
+    splits |= {"by_context"} if cfg.eval.get("context_lengths") is not None else set()
+    assert key.split("/")[0] in splits, f"{name}: compare.metric={metric} but its runs record {sorted(splits)}"
+    assert parse_sort(metric, [key]).key == key
+
+
+def test_a_metric_with_its_direction_sorts_and_stars_by_it(tmp_path):
+    s = tmp_path / "ext"
+    for i, (pos, val_loss, ratio) in enumerate((("rotary", 1.0, 9.0), ("alibi", 1.1, 1.2))):
+        results = {**done(val_loss, 0.9, 0.9), "by_context": {"ppl_ratio": ratio},
+                   "compare": {"tune": [], "baseline": None, "metric": "by_context/ppl_ratio:min"}}
+        write_run(s / str(i), [f"pos={pos}", "seed=0"], results)
+    report = compare([s])
+    assert report.sort == SortKey("by_context/ppl_ratio", True) and report.cells[0].values["pos"] == "alibi"
+    assert report.cells[0].best and "the preset's question; lower is better" in terminal(report)
+    assert composed("compare.metric=by_context/ppl_ratio:max").compare.metric == "by_context/ppl_ratio:max"
+    with pytest.raises(ValueError, match=r"compare.metric='test/loss:low' must name .*\(with :min or :max"):
+        check_schemas(composed("compare.metric=test/loss:low"))
 
 
 def test_compare_main_reads_the_flags(tmp_path, capsys):

@@ -128,10 +128,14 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes_with_a_share_of_the_cor
     for job in ("0", "1", "2", "3"):
         assert results(sweep / job)["status"] == "completed"
         assert f"torch CPU threads: {threads}" in (sweep / job / "train.log").read_text()
-    # each job's clock starts with the job: a worker's second job (its imports done) spends its wall time fitting;
-    # counted from the sweep's launch, every job's wall time included the sweep's earlier minutes (issue 32)
-    overheads = [results(sweep / job)["wall_time_s"] - results(sweep / job)["fit_time_s"] for job in "0123"]
-    assert min(overheads) < 15, overheads
+    # Each job's clock starts with the job (issue 32: counted from the sweep's launch, a job's wall time included
+    # the jobs before it in its worker). Jobs 2 and 3 run in the 2 workers after jobs 0 and 1, their imports done:
+    # their wall time is their training and evaluation, within 20%. Jobs 0 and 1 also import torch and Lightning.
+    times = {job: {k: v for k, v in results(sweep / job).items() if k.endswith("time_s")} for job in "0123"}
+    for job, t in times.items():
+        work = t["train_time_s"] + t["val_time_s"] + t["eval_time_s"]
+        assert work < t["wall_time_s"], times
+        assert job in "01" or t["wall_time_s"] < 1.2 * work, times
 
 
 def test_submitit_local_launcher(tmp_path):

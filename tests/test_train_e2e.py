@@ -27,8 +27,9 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
         "trainer.val_check_interval=10", "trainer.log_every_n_steps=2", "schedule.warmup_steps=5"]
 RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_context",
                "name", "group", "run_dir", "choices", "overrides", "seed", "params", "steps", "train",
-               "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "fit_time_s",
-               "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from", "wandb_run_id", "peak_memory_mib",
+               "val", "test", "best_checkpoint", "last_checkpoint", "tokens_per_s", "train_time_s", "val_time_s",
+               "fit_time_s", "eval_time_s", "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from",
+               "wandb_run_id", "peak_memory_mib",
                "flops_per_token", "total_flops", "mfu", "peak_flops", "peak_source", "peak_age_s", "mfu_estimate",
                "task_family", "interrupted", "compare", "budget", "budgets", "version", "active_params"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
@@ -87,7 +88,9 @@ def test_single_run_writes_its_directory(tmp_path):
     assert set(res["val"]) == METRICS | {"decoded_exact_match", "bleu"} and set(res["test"]) == METRICS
     assert set(res["choices"]) == GROUPS
     assert res["choices"]["model"] == "encoder_decoder" and res["choices"]["norm"] == "post"
-    assert res["tokens_per_s"] > 0 and res["wall_time_s"] > res["fit_time_s"] > 0
+    assert res["tokens_per_s"] > 0 and res["wall_time_s"] > res["fit_time_s"] + res["eval_time_s"]
+    assert res["fit_time_s"] > res["train_time_s"] + res["val_time_s"] and min(res["train_time_s"], res["val_time_s"],
+                                                                             res["eval_time_s"]) > 0
     assert 50 < res["peak_memory_mib"] < 20_000  # this process's peak resident set during the run, in MiB
     assert res["peak_source"].startswith("CPU probe, ") and res["peak_age_s"] >= 0 and res["mfu_estimate"] is True
     assert 0 < res["mfu"] < 1 and res["peak_flops"] > 0

@@ -26,7 +26,7 @@ from archsweep.core.report.plots import (
     plot_loss_vs_flops,
     plot_sensitivity,
 )
-from archsweep.core.report.render import COUNTS, Report, csv_text, json_text, markdown, terminal
+from archsweep.core.report.render import COUNTS, Report, csv_text, estimated_mfu, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 from archsweep.core.report.scaling import plot_scaling, scaling_fits
 from archsweep.core.report.significance import against_baseline, find_baselines
@@ -73,7 +73,7 @@ def choose_sort(expr: str | None, columns: list[str], available: list[str], has_
                 question: str | None = None, notes: list[str] | None = None) -> SortKey:
     """--sort's column; without it the runs' compare.metric (question), else val/loss or the first column."""
     if expr is None and question is not None:
-        if question in available:
+        if question.partition(":")[0] in available:  # a metric with its direction (by_context/ppl_ratio:min)
             return parse_sort(question, available)
         if notes is not None:
             notes.append(f"the runs' compare.metric={question} is not in their results; sorted by the default")
@@ -109,6 +109,17 @@ def settings_of(runs: list[Run], notes: list[str]) -> dict:
                      f"({other[0].run_dir.name}); using the first (override with --tune/--no-tune, --baseline, "
                      f"--sort)")
     return first
+
+
+def mfu_notes(cells: list) -> list[str]:
+    """What the MFU column is measured against, when it is an estimate (a probed peak: a CPU's, no data sheet)."""
+    estimated = estimated_mfu(cells)
+    if not estimated:
+        return []
+    sources = sorted({str(r.results.peak_source) for r in estimated})
+    return [f"MFU (est.) of {len(estimated)} run{'s' * (len(estimated) > 1)} is an estimate, against a probed peak "
+            f"({'; '.join(sources[:3])}{'; ...' if len(sources) > 3 else ''}); trainer.peak_flops=<FLOP/s> measures "
+            f"it against a figure you give"]
 
 
 GROUP_BY = ("task",)
@@ -172,7 +183,7 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     columns = metric_columns(runs, metrics)
     question = settings.get("metric") if sort is None else None
     order = choose_sort(sort, columns, available, tgt is not None, question, notes)
-    asked = question is not None and order.key == question
+    asked = question is not None and order.key == question.partition(":")[0]
     if order.key not in columns and order.key != "target" and order.key in available:
         columns.append(order.key)
     routed = any(r.results.active_params not in (None, r.results.params) for r in runs)
@@ -184,6 +195,8 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
             tune_cell(cell, tuned, selection)
         aggregate(cell, columns, tgt)
     notes += run_notes(runs, {c.label: c.runs for c in cells})
+    if "mfu" in columns:
+        notes += mfu_notes(cells)
     out_dir = Path(out) if out is not None else paths[0]
     ordered = sort_within_tasks(cells, order) if group_by == "task" else sort_cells(cells, order)
     fits = scaling_fits(cells, scaling, keys, scaling_metric) if scaling is not None else []

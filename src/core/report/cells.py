@@ -13,7 +13,7 @@ from typing import Any
 from archsweep.core.report.runs import CompareError, Run, ignored, key_of, lookup, metric, read_config
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
-LOWER_BETTER = ("loss", "ppl", "bpb", "params", "active_params", "target")
+LOWER_BETTER = ("loss", "ppl", "bpb", "ppl_ratio", "params", "active_params", "target")
 HIGHER_BETTER = ("acc", "exact_match", "decoded_exact_match", "bleu", "tokens_per_s")
 TARGET_RE = re.compile(r"^\s*([\w./-]+)\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 DEFAULT_TARGET = "val/exact_match>=0.9"

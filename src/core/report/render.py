@@ -91,11 +91,23 @@ def table(report: Report) -> tuple[list[str], list[list[str]], list[bool]]:
         cols.append(("steps to target", target_text, True))
     if report.significance is not None:
         cols += significance_columns(report.significance)
-    cols += [(HEADERS.get(k, k), lambda c, k=k: count_text(k, c.stats[k]), True)
+    cols += [(count_header(report, k), lambda c, k=k: count_text(k, c.stats[k]), True)
              for k in sorted((k for k in report.columns if k in COUNTS), key=COUNTS.index)]
     cols += [("diverged", lambda c: str(len(c.of("diverged"))), True),
              ("failed", lambda c: str(len(c.of("failed"))), True)]
     return [h for h, _, _ in cols], [[f(c) for _, f, _ in cols] for c in report.cells], [r for _, _, r in cols]
+
+
+def count_header(report: Report, key: str) -> str:
+    """A count's column header; MFU measured against a probed peak (a CPU's) says it is an estimate."""
+    if key == "mfu" and estimated_mfu(report.cells):
+        return "MFU (est.)"
+    return HEADERS.get(key, key)
+
+
+def estimated_mfu(cells: list[Cell]) -> list[Run]:
+    """The completed runs whose MFU is measured against a probe, not a data sheet (results.json's mfu_estimate)."""
+    return [r for c in cells for r in c.of("completed") if r.results.mfu is not None and r.results.mfu_estimate]
 
 
 def tuned_text(cell: Cell, key: str) -> str:

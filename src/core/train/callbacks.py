@@ -86,7 +86,7 @@ class Progress(L.Callback):
 
     def __init__(self, start_time: float, val_keys: tuple[str, ...] = ("loss", "ppl", "acc", "exact_match"),
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.start_time = start_time  # process start, for time to first step
+        self.start_time = start_time  # the job's start (a single run: its process's), for time to first step
         self.clock = clock  # seconds, for the training time, tokens/s and the ETA
         self.step_s: float | None = None  # seconds per optimiser step, smoothed over this fit's recent windows
         self.paced_s = self.paced_steps = 0.0  # decayed sums of training seconds and steps behind step_s

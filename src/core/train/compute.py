@@ -12,7 +12,9 @@ A CPU probe also times one thread, and its peak is never below the one-thread ra
 threads, at most the cores: what the cores could do together). A probe is suspect when it is older than 30 days,
 or ran while the one-minute load average left fewer idle cores than its lanes (load > cores - lanes + 0.5), or
 its threads together reached less than half the one-thread rate times the lanes; a suspect probe is taken again
-(up to three tries, keeping the best) and replaced by one that is trusted or reads higher.
+at a start when the machine has the idle cores (a probe now would be suspect too, and would slow the machine's other
+jobs: a parallel sweep's), up to three tries, keeping the best, and replaced by one that is trusted or reads higher.
+Until then runs use it, and say it is suspect. A stale or missing probe is taken whatever the load.
 """
 
 from __future__ import annotations
@@ -104,6 +106,18 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
+def busy(load: float, cores: int, lanes: int) -> bool:
+    """Fewer idle cores than `lanes` threads need (the module docstring's rule)."""
+    return load > cores - lanes + IDLE_MARGIN
+
+
+def busy_now() -> float | None:
+    """The load average when the machine is too busy for a trusted probe with torch's threads now, else None."""
+    load, cores = load_average(), cpu_cores()
+    lanes = max(min(torch.get_num_threads(), cores), 1)
+    return load if load is not None and busy(load, cores, lanes) else None
+
+
 def flop_rate(flops: float) -> str:
     return f"{flops / 1e12:.3g} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
 
@@ -144,7 +158,7 @@ class Probe:
             return f"{age_text(now - self.at)}, over {MAX_AGE_S / 86400:.0f} days"
         if self.one_thread is None:
             return None
-        if self.load is not None and self.load > self.cores - self.lanes + IDLE_MARGIN:
+        if self.load is not None and busy(self.load, self.cores, self.lanes):
             return f"fewer idle cores than its {self.lanes} thread{'s' * (self.lanes > 1)}"
         if self.rate < MIN_SCALING * self.one_thread * self.lanes:
             return (f"{self.lanes} threads reached {flop_rate(self.rate)}, under {MIN_SCALING:.0%} of "
@@ -269,11 +283,17 @@ def peak_flops(device: torch.device, precision: str, override: float | None, cac
         if listed:
             return Peak(float(listed), f"{TABLE}{torch.cuda.get_device_name(device)}")
     path, key = cache / PROBES if cache is not None else None, machine_key(device, dtype)
-    old = Probe.from_json(read_cache(path).get(key))
-    if old is not None and old.doubt(wall_clock()) is None:
-        return probe_peak(old, device, wall_clock())
+    old, now = Probe.from_json(read_cache(path).get(key)), wall_clock()
+    doubt = old.doubt(now) if old is not None else None
+    if old is not None and doubt is None:
+        return probe_peak(old, device, now)
+    load = busy_now() if old is not None and now - old.at <= MAX_AGE_S and device.type == "cpu" else None
+    if load is not None:  # a probe now would be disturbed too (and would slow this machine's other jobs)
+        log.info(f"keeping the suspect matmul probe ({doubt}): the machine is busy now (load {load:.1f} on "
+                 f"{cpu_cores()} cores); it is taken again at a quieter start")
+        return probe_peak(old, device, now)
     if old is not None:
-        log.info(f"taking the matmul probe again: the cached one is suspect ({old.doubt(wall_clock())})")
+        log.info(f"taking the matmul probe again: the cached one is suspect ({doubt})")
     kept = better(old, take_probe(device, dtype))
     write_cache(path, key, kept)
     return probe_peak(kept, device, wall_clock())

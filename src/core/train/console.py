@@ -23,6 +23,7 @@ DROPPED = (
     "Loaded model weights from the checkpoint",
     "`weights_only` was not set",  # Lightning loading train.py's own checkpoint for the final evaluation
     "`Trainer(val_check_interval=1",  # fit.py says how often a short run validates (and why)
+    "`Trainer.fit` stopped: `max_steps=",  # the steps asked for were taken (other stops, max_epochs say, are kept)
 )
 # Python warnings about the libraries' internals, not about anything the user set
 QUIET_WARNINGS = (

@@ -341,6 +341,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     train = train_summary(trainer)  # before the evaluation below replaces the callback metrics
     if ckpt_cb.saved_step != trainer.global_step:  # last steps after the last validation
         trainer.save_checkpoint(ckpt_cb.last_model_path or str(info.run_dir / CKPT_DIR / "last.ckpt"))
+    eval_start = time.time()
     try:
         val, test, best = evaluate_after_fit(trainer, lit, data, ckpt_cb, setup.task.test_splits)
     except SIGTERMException as stop:  # a SystemExit with code 0: never let it end the run as a success
@@ -354,6 +355,7 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
 
         by_context = evaluate_contexts(lit.model, setup.task, "test", list(cfg.eval.context_lengths),
                                        cfg.eval.get("stride"), cfg.eval.get("context_tokens"), progress=log.info)
+    eval_s = time.time() - eval_start
     results = None
     if trainer.is_global_zero:
         done = Results(
@@ -369,8 +371,9 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run_id,
             tokens_per_s=progress.tokens_per_s * trainer.world_size,
             **compute.summary(progress.train_s, trainer.world_size),  # FLOPs, mfu, mfu_estimate, peak_*
-            peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, fit_time_s=fit_s,
-            wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
+            peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, val_time_s=progress.val_s,
+            fit_time_s=fit_s, eval_time_s=eval_s, wall_time_s=time.time() - start_time,
+            time_to_first_step_s=progress.first_step_s,
             world_size=trainer.world_size, compare=compare_block(cfg))
         if plan and (lit.diverged or trainer.global_step < cfg.trainer.max_steps):
             log.warning(f"schedule.branches: the run stopped at step {trainer.global_step} of "

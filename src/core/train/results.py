@@ -59,9 +59,11 @@ class Results:
     mfu_estimate: bool | None = None  # MFU against a probe (a CPU's), not a data sheet
     peak_memory_mib: float | None = None  # of rank 0's process; see core/train/memory.py
     train_time_s: float | None = None  # training without validation
-    fit_time_s: float | None = None
-    wall_time_s: float | None = None
-    time_to_first_step_s: float | None = None
+    val_time_s: float | None = None  # the validations during the fit (decoding included)
+    fit_time_s: float | None = None  # Trainer.fit: training, its validations, Lightning's own work
+    eval_time_s: float | None = None  # the final evaluation after the fit (best checkpoint; by-context)
+    wall_time_s: float | None = None  # from the job's start: a single run's process start, a sweep job's own start
+    time_to_first_step_s: float | None = None  # from the same start
     world_size: int | None = None
     compare: dict[str, Any] | None = None  # the config's `compare:` block {tune, baseline, metric}: how to read a sweep
     version: int = VERSION

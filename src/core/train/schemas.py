@@ -323,7 +323,7 @@ class RunSchema:
 
 
 DOTTED_KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$")  # optim.lr, model.n_layers, norm
-METRIC_NAME = re.compile(r"^\w+/\w+$")  # split/name: val/loss, test_long/exact_match
+METRIC_NAME = re.compile(r"^\w+/\w+(:(min|max))?$")  # split/name[:min|max]: val/loss, by_context/ppl_ratio:min
 CELL_SPEC = re.compile(r"^\s*[A-Za-z_][\w.-]*=\S+(\s+[A-Za-z_][\w.-]*=\S+)*\s*$")  # norm=pre model.n_layers=6
 
 
@@ -334,7 +334,8 @@ class CompareSchema:
 
     tune: list[str] = field(default_factory=list)  # keys tuned per cell rather than compared, e.g. [optim.lr]
     baseline: str | None = None  # the cell the others are tested against, e.g. "norm=pre"
-    metric: str | None = None  # the metric that answers the question (split/name); null: compare.py's default
+    metric: str | None = None  # the metric that answers the question (split/name, :min or :max where the name does
+    # not say which way is better); null: compare.py's default
 
     def __post_init__(self) -> None:
         for key in self.tune:
@@ -343,7 +344,8 @@ class CompareSchema:
                                                   f"keys, e.g. compare.tune=[optim.lr]")
         if self.metric is not None and not METRIC_NAME.match(self.metric):
             refuse("compare.metric", self.metric, "must name a results.json metric as split/name, e.g. "
-                                                  "test_long/acc or val/loss, or be null (compare.py's default)")
+                                                  "test_long/acc or val/loss (with :min or :max where the name does "
+                                                  "not say which way is better), or be null (compare.py's default)")
         if self.baseline is not None and not CELL_SPEC.match(self.baseline):
             refuse("compare.baseline", self.baseline, "must be a cell as key=value pairs separated by spaces, e.g. "
                                                       "compare.baseline='norm=pre', or null")

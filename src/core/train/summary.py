@@ -71,5 +71,14 @@ def summary_line(task: Any, results: dict[str, Any], results_path: Any) -> str:
     from archsweep.core.data.tasks.images import ImageTask
 
     unit = "images/s" if isinstance(task, ImageTask) else "tok/s"
-    return (f"done in {results['wall_time_s']:.0f} s: {', '.join(parts)}, {rate:,.0f} {unit}; "
+    return (f"done in {results['wall_time_s']:.0f} s{time_parts(results)}: {', '.join(parts)}, {rate:,.0f} {unit}; "
             f"results in {results_path}")
+
+
+def time_parts(results: dict[str, Any]) -> str:
+    """Where the job's time went: start-up to the first step, training, its validations, the final evaluation."""
+    parts = [(name, results.get(key)) for name, key in (("first step at", "time_to_first_step_s"),
+                                                        ("training", "train_time_s"), ("validation", "val_time_s"),
+                                                        ("final evaluation", "eval_time_s"))]
+    shown = [f"{name} {value:.0f} s" for name, value in parts if value is not None]
+    return f" ({', '.join(shown)})" if shown else ""
