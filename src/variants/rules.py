@@ -10,6 +10,7 @@ variant's own `check`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ class Choices:
     names: Mapping[str, str]
     classes: Mapping[str, type]
     fields: Mapping[str, Any]
+    options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # per axis, when known
 
 
 def scoring_attention() -> str:
@@ -62,7 +64,22 @@ def patch_positions_need_images(c: Choices) -> None:
                      f"for a token sequence")
 
 
-RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, patch_positions_need_images]
+def attention_takes_the_encoding(c: Choices) -> None:
+    """An attention kind may refuse an encoding it cannot apply (`pos_refusal`: latent attention rotates only part of
+    each head and has no per-head keys of d_model / n_heads channels)."""
+    attention, pos = c.classes["attention"], c.classes["pos"]
+    reason = attention.pos_refusal(pos, c.options.get("pos", {}))
+    if reason is None:
+        return
+    image = c.classes["kind"].form == IMAGE
+    fitting = [n for n in POS.names() if attention.pos_refusal(POS.get(n), {}) is None
+               and (image or not POS.get(n).image_only)]
+    raise ValueError(f"attention={c.names['attention']} cannot take pos={c.names['pos']}: {reason}; choose "
+                     f"pos={' or '.join(fitting)}, or another attention kind")
+
+
+RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, patch_positions_need_images,
+                                          attention_takes_the_encoding]
 
 
 def check_rules(choices: Choices) -> None:

@@ -71,7 +71,8 @@ class Parts:
             for i in range(n_layers)
         ]
         final_norm = norm() if cfg.variant("norm").final_norm else None
-        stack = Stack(embedding, POS.build(cfg.pos, context), blocks, final_norm, causal, sizes["emb_dropout"],
+        pos = POS.build(cfg.pos, {**context, **cfg.pos_sizes()})
+        stack = Stack(embedding, pos, blocks, final_norm, causal, sizes["emb_dropout"],
                       cfg.attn_softcap)
         stack.checkpointing = cfg.activation_checkpointing
         return stack

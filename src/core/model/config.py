@@ -164,15 +164,22 @@ class ModelConfig:
         self._check_rules()
         sizes = self.sizes()
         self.variant("kind").check(sizes, {})
-        for axis in AXES:
-            self.variant(axis).check(sizes, self.options(axis))
+        for axis in sorted(AXES, key=lambda a: a != "attention"):  # the attention kind sizes the encoding's heads
+            self.variant(axis).check(self.pos_sizes() if axis == "pos" else sizes, self.options(axis))
         return self
+
+    def pos_sizes(self) -> dict[str, Any]:
+        """The sizes the positional encoding is built and checked with: its `head_dim` is the channels per head the
+        attention kind rotates (all of them, or latent attention's rotary part)."""
+        sizes = self.sizes()
+        return {**sizes, "head_dim": self.variant("attention").rotary_dim(sizes, self.options("attention"))}
 
     def _check_rules(self) -> None:
         """The rules across axes (`archsweep.variants.rules`), on the chosen classes (variants from outside the
         package included), before each variant checks its own sizes."""
         axes = ["kind", *AXES]
-        check_rules(Choices({a: self.choice(a) for a in axes}, {a: self.variant(a) for a in axes}, self.sizes()))
+        check_rules(Choices({a: self.choice(a) for a in axes}, {a: self.variant(a) for a in axes}, self.sizes(),
+                            {a: self.options(a) for a in AXES}))
 
     def _check_sizes(self) -> None:
         positive = ["vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "n_classes"]
