@@ -139,3 +139,15 @@ def test_the_encodings_it_takes_train(pos):
     model(tokens(2, 7)).logsumexp(-1).mean().backward()
     kernel = model.decoder.blocks[1].self_attn.kernel
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in kernel.parameters())
+
+
+def test_deepnorm_scales_the_value_rows_and_the_output_but_not_the_keys():
+    post, deep = tiny(norm="post"), tiny(norm="deepnorm")  # the same draws; DeepNorm then scales by beta
+    beta = deep.decoder.blocks[0].attn_res.beta
+    ours, ref = deep.decoder.blocks[0].self_attn.kernel, post.decoder.blocks[0].self_attn.kernel
+    nope = SIZES["qk_nope_head_dim"]
+    up, up_ref = (k.kv_up_proj.weight.view(H, -1, SIZES["kv_lora_rank"]) for k in (ours, ref))
+    torch.testing.assert_close(up[:, nope:], up_ref[:, nope:] * beta)
+    torch.testing.assert_close(up[:, :nope], up_ref[:, :nope])
+    torch.testing.assert_close(ours.out_proj.weight, ref.out_proj.weight * beta)
+    torch.testing.assert_close(ours.kv_down_proj.weight, ref.kv_down_proj.weight)

@@ -17,6 +17,7 @@ from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.model.config import AXES
 from archsweep.variants.ffn.base import GatedFeedForward
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, KIND, SOURCE_TARGET, form_of
+from archsweep.variants.pos import POS
 from archsweep.variants.rules import RULES, Choices, check_rules
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -147,6 +148,8 @@ KERNEL = first("attention", lambda c: not c.forms_scores)  # an attention kind w
 BIASED = first("pos", lambda c: c.score_bias)  # an encoding that adds to the scores
 PATCHES = first("pos", lambda c: c.image_only)  # an encoding of an image's patch grid
 SEQUENCE = first("kind", lambda c: c.form != IMAGE)  # a kind that reads token sequences
+PICKY = first("attention", lambda c: any(c.pos_refusal(POS.get(p), {}) for p in POS.names()))  # refuses an encoding
+REFUSED_POS = first("pos", lambda c: REGISTRIES["attention"].get(PICKY).pos_refusal(c, {}) is not None)
 OR = r"(?:\w+)(?: or \w+)*"
 # per rule: a combination and fields it refuses, and its message; the named groups are the fixes it offers
 REFUSED = {
@@ -162,6 +165,10 @@ REFUSED = {
         combination(kind=SEQUENCE, pos=PATCHES), {},
         rf"pos={PATCHES} places positions on an image's 2D patch grid and needs an image input: model "
         rf"kind=(?P<kind>{OR}), not kind={SEQUENCE}; choose another pos for a token sequence$"),
+    "attention_takes_the_encoding": (
+        combination(kind=SEQUENCE, attention=PICKY, pos=REFUSED_POS), {},
+        rf"attention={PICKY} cannot take pos={REFUSED_POS}: [^;]+; choose pos=(?P<pos>{OR}), or another attention "
+        rf"kind$"),
 }
 
 

@@ -118,6 +118,11 @@ class LatentAttention(AttentionKernel):
         y = attend(q, k, v, mask, is_causal, dropout, record, ctx.softcap)  # (B, H, T, v)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.v_dim))
 
+    def value_output_weights(self) -> list[Tensor]:
+        """The matrices that make values and the output (DeepNorm scales them): the latent's value rows, out_proj."""
+        up = self.kv_up_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.rank)  # (H, nope + v, rank)
+        return [up[:, self.nope:], self.out_proj.weight]
+
     def flops_per_token(self, seq_len: int, causal: bool, n_heads: int, head_dim: int) -> float:
         """Its projections per token (the latent's up-projection once per key, as trained without a cache) and the
         core: 2 (nope + rope) H per key for the scores and 2 v H per key for the values."""
