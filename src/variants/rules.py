@@ -17,6 +17,7 @@ from typing import Any
 from archsweep.variants.attention import ATTENTION
 from archsweep.variants.model import IMAGE, kinds_of
 from archsweep.variants.pos import POS
+from archsweep.variants.pos.base import PositionalEncoding
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,21 @@ def attention_takes_the_encoding(c: Choices) -> None:
                      f"pos={' or '.join(fitting)}, or another attention kind")
 
 
+def mtp_shares_the_encoding(c: Choices) -> None:
+    """model.mtp's modules attend with the stack's positional encoding; one with a table per layer (Shaw, DeBERTa:
+    `content_bias`) has none for them."""
+    mtp, pos = c.fields.get("mtp", 0), c.classes["pos"]
+    if not mtp or pos.content_bias is PositionalEncoding.content_bias:
+        return
+    fitting = [n for n in POS.names() if POS.get(n).content_bias is PositionalEncoding.content_bias
+               and not POS.get(n).image_only]
+    raise ValueError(f"mtp={mtp} cannot be used with pos={c.names['pos']}: its score terms are learned per layer of "
+                     f"the stack, and the prediction modules' blocks are not among those layers; choose "
+                     f"pos={' or '.join(fitting)}, or set model.mtp=0")
+
+
 RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, patch_positions_need_images,
-                                          attention_takes_the_encoding]
+                                          attention_takes_the_encoding, mtp_shares_the_encoding]
 
 
 def check_rules(choices: Choices) -> None:
