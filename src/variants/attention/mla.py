@@ -37,7 +37,6 @@ def resolve(head_dim: int, options: Mapping[str, Any]) -> dict[str, int]:
 @ATTENTION.register("mla")
 class LatentAttention(AttentionKernel):
     projects = True
-    label = "multi-head latent attention"
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int, bias: bool, norm_eps: float, layer: int,
                  q_lora_rank: int | None = None, kv_lora_rank: int | None = None, qk_nope_head_dim: int | None = None,
@@ -60,6 +59,8 @@ class LatentAttention(AttentionKernel):
         self.kv_up_proj = nn.Linear(self.rank, n_heads * (self.nope + self.v_dim), bias=False)
         self.out_proj = nn.Linear(n_heads * self.v_dim, d_model, bias=bias)
         self.cache_width = self.rank + self.rope  # numbers the cache keeps per token
+        self.label = (f"latent attention (Q, K: {self.nope} + {self.rope} rotary, V: {self.v_dim} per head; cache "
+                      f"{self.rank} + {self.rope} per token)")
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
