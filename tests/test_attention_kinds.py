@@ -330,7 +330,7 @@ def test_performer_seed_follows_the_run_seed():
 # ---- every kind ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("attention", ["sliding_window", "linear", "performer"])
+@pytest.mark.parametrize("attention", ["sliding_window", "linear", "performer", "mla"])
 def test_maps_of_every_kind_are_distributions(attention):
     model = tiny("decoder_only", attention)
     x = tokens(2, 10)
@@ -368,7 +368,7 @@ def test_flops_per_token_follow_the_keys_each_query_sees():
     assert kernels["full"].flops_per_token(10, False, 4, 8) == 4 * 4 * 8 * 10
 
 
-@pytest.mark.parametrize("attention", [{"name": "sliding_window", "window": 3}, "linear", "performer"])
+@pytest.mark.parametrize("attention", [{"name": "sliding_window", "window": 3}, "linear", "performer", "mla"])
 @pytest.mark.parametrize("kind", ["decoder_only", "encoder_decoder"])
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
 def test_every_strategy_decodes_the_same_with_and_without_the_cache(attention, kind, strategy):

@@ -72,10 +72,10 @@ def dense_attention(kind, per_layer_queries_keys):
 
 def test_kinds_and_attention_kinds_are_all_covered():
     assert set(KIND.names()) == {"decoder_only", "encoder_only", "encoder_decoder", "vit"}
-    assert set(ATTENTION.names()) == {"full", "sliding_window", "linear", "performer"}
+    assert set(ATTENTION.names()) == {"full", "sliding_window", "linear", "performer", "mla"}
 
 
-@pytest.mark.parametrize("attention", ["full", "sliding_window", "linear", "performer"])
+@pytest.mark.parametrize("attention", ["full", "sliding_window", "linear", "performer", "mla"])
 @pytest.mark.parametrize("kind", ["decoder_only", "encoder_only", "encoder_decoder", "vit"])
 def test_within_ten_percent_of_the_counter_forward_and_backward(kind, attention):
     torch.manual_seed(0)

@@ -16,7 +16,9 @@ import torch
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.model.config import AXES
 from archsweep.variants.ffn.base import GatedFeedForward
-from archsweep.variants.model import BIDIRECTIONAL, IMAGE, KIND, SOURCE_TARGET, form_of
+from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, IMAGE, KIND, SOURCE_TARGET, form_of
+from archsweep.variants.pos import POS
+from archsweep.variants.pos.base import PositionalEncoding
 from archsweep.variants.rules import RULES, Choices, check_rules
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -147,6 +149,10 @@ KERNEL = first("attention", lambda c: not c.forms_scores)  # an attention kind w
 BIASED = first("pos", lambda c: c.score_bias)  # an encoding that adds to the scores
 PATCHES = first("pos", lambda c: c.image_only)  # an encoding of an image's patch grid
 SEQUENCE = first("kind", lambda c: c.form != IMAGE)  # a kind that reads token sequences
+PICKY = first("attention", lambda c: any(c.pos_refusal(POS.get(p), {}) for p in POS.names()))  # refuses an encoding
+REFUSED_POS = first("pos", lambda c: REGISTRIES["attention"].get(PICKY).pos_refusal(c, {}) is not None)
+CAUSAL_KIND = first("kind", lambda c: c.form == CAUSAL)  # the kind multi-token prediction extends
+PER_LAYER = first("pos", lambda c: c.content_bias is not PositionalEncoding.content_bias)  # tables per layer
 OR = r"(?:\w+)(?: or \w+)*"
 # per rule: a combination and fields it refuses, and its message; the named groups are the fixes it offers
 REFUSED = {
@@ -162,6 +168,14 @@ REFUSED = {
         combination(kind=SEQUENCE, pos=PATCHES), {},
         rf"pos={PATCHES} places positions on an image's 2D patch grid and needs an image input: model "
         rf"kind=(?P<kind>{OR}), not kind={SEQUENCE}; choose another pos for a token sequence$"),
+    "attention_takes_the_encoding": (
+        combination(kind=SEQUENCE, attention=PICKY, pos=REFUSED_POS), {},
+        rf"attention={PICKY} cannot take pos={REFUSED_POS}: [^;]+; choose pos=(?P<pos>{OR}), or another attention "
+        rf"kind$"),
+    "mtp_shares_the_encoding": (
+        combination(kind=CAUSAL_KIND, pos=PER_LAYER), {"mtp": 1},
+        rf"mtp=1 cannot be used with pos={PER_LAYER}: its score terms are learned per layer of the stack, and the "
+        rf"prediction modules' blocks are not among those layers; choose pos=(?P<pos>{OR}), or set model.mtp=0$"),
 }
 
 

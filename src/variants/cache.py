@@ -42,6 +42,25 @@ class KVCache:
         values.narrow(2, self.length, new).copy_(v)
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
+    def append_latent(self, layer: int, latent: Tensor) -> Tensor:
+        """Store a new (B, 1, T, C) per-token latent after the cached ones and return all so far (B, 1, cached + T,
+        C): a kind that keeps one tensor per token instead of keys and values (latent attention)."""
+        new = latent.shape[2]
+        if self.length + new > self.max_len:
+            raise ValueError(f"KV cache holds max_len={self.max_len} tokens but {self.length + new} were requested; "
+                             f"create the cache with a larger max_len")
+        if layer not in self.keys:
+            self.keys[layer] = latent.new_empty(latent.shape[0], latent.shape[1], self.max_len, latent.shape[3])
+        self.keys[layer].narrow(2, self.length, new).copy_(latent)
+        return self.keys[layer].narrow(2, 0, self.length + new)
+
+    def elements_per_token(self) -> dict[int, int]:
+        """Per layer, the numbers one cached token holds in the key/value buffers: 2 Hkv Dh for keys and values,
+        the latent's width for latent attention (states of other kinds are not per token and are left out)."""
+        return {layer: keys.shape[1] * keys.shape[3] + (self.values[layer].shape[1] * self.values[layer].shape[3]
+                                                        if layer in self.values else 0)
+                for layer, keys in self.keys.items()}
+
     def advance(self, n: int) -> None:
         """Called by the stack once every layer has appended the step's `n` tokens."""
         self.length += n

@@ -43,8 +43,12 @@ class LMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.z_loss(self.logits(x))
+
+    def logits(self, x: Tensor) -> Tensor:
+        """(..., D) -> (..., V), recording no z-loss: for other predictions through the same head (multi-token)."""
         logits = F.linear(x, self.weight, self.bias)  # (B, T, V)
-        return self.z_loss(logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap))
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
 
     def flops(self, shape: Any) -> float:
         """2 V D per position, tied or not (a tied head is the same product with a shared matrix)."""

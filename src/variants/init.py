@@ -58,7 +58,7 @@ def init_weights(model: nn.Module, scheme: str, n_layers: int) -> None:
 def _split_fused_xavier(model: nn.Module) -> None:
     """Fused q/k/v (and k/v) projections get Xavier fans of separate projections, as the paper's model has."""
     for module in model.modules():
-        if isinstance(module, SelfAttention):
+        if isinstance(module, SelfAttention) and module.qkv_proj is not None:  # latent attention has none
             q, kv = module.n_heads * module.head_dim, module.n_kv_heads * module.head_dim
             for part in module.qkv_proj.weight.split([q, kv, kv]):
                 nn.init.xavier_uniform_(part)

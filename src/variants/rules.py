@@ -9,6 +9,7 @@ variant's own `check`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from archsweep.variants.attention import ATTENTION
 from archsweep.variants.model import IMAGE, kinds_of
 from archsweep.variants.pos import POS
+from archsweep.variants.pos.base import PositionalEncoding
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class Choices:
     names: Mapping[str, str]
     classes: Mapping[str, type]
     fields: Mapping[str, Any]
+    options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # per axis, when known
 
 
 def scoring_attention() -> str:
@@ -62,7 +65,35 @@ def patch_positions_need_images(c: Choices) -> None:
                      f"for a token sequence")
 
 
-RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, patch_positions_need_images]
+def attention_takes_the_encoding(c: Choices) -> None:
+    """An attention kind may refuse an encoding it cannot apply (`pos_refusal`: latent attention rotates only part of
+    each head and has no per-head keys of d_model / n_heads channels)."""
+    attention, pos = c.classes["attention"], c.classes["pos"]
+    reason = attention.pos_refusal(pos, c.options.get("pos", {}))
+    if reason is None:
+        return
+    image = c.classes["kind"].form == IMAGE
+    fitting = [n for n in POS.names() if attention.pos_refusal(POS.get(n), {}) is None
+               and (image or not POS.get(n).image_only)]
+    raise ValueError(f"attention={c.names['attention']} cannot take pos={c.names['pos']}: {reason}; choose "
+                     f"pos={' or '.join(fitting)}, or another attention kind")
+
+
+def mtp_shares_the_encoding(c: Choices) -> None:
+    """model.mtp's modules attend with the stack's positional encoding; one with a table per layer (Shaw, DeBERTa:
+    `content_bias`) has none for them."""
+    mtp, pos = c.fields.get("mtp", 0), c.classes["pos"]
+    if not mtp or pos.content_bias is PositionalEncoding.content_bias:
+        return
+    fitting = [n for n in POS.names() if POS.get(n).content_bias is PositionalEncoding.content_bias
+               and not POS.get(n).image_only]
+    raise ValueError(f"mtp={mtp} cannot be used with pos={c.names['pos']}: its score terms are learned per layer of "
+                     f"the stack, and the prediction modules' blocks are not among those layers; choose "
+                     f"pos={' or '.join(fitting)}, or set model.mtp=0")
+
+
+RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, patch_positions_need_images,
+                                          attention_takes_the_encoding, mtp_shares_the_encoding]
 
 
 def check_rules(choices: Choices) -> None:

@@ -52,26 +52,39 @@ class Parts:
         return LMHead(cfg.d_model, cfg.vocab_size, cfg.output_bias, embedding if cfg.tie_embeddings else None,
                       cfg.logit_softcap, cfg.z_loss)
 
-    def stack(self, role: str, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool) -> Stack:
-        cfg, sizes = self.cfg, self.sizes
+    def context(self, role: str, causal: bool) -> dict[str, Any]:
+        """What the variants of a stack in `role` may ask for: the sizes, the place, the norm factory."""
+        cfg = self.cfg
         norm = functools.partial(make_norm, cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
-        context: dict[str, Any] = {**sizes, "causal": causal, "role": role, "make_norm": norm}
+        return {**self.sizes, "causal": causal, "role": role, "make_norm": norm}
+
+    def block(self, role: str, layer: int, causal: bool, cross: bool = False) -> Block:
+        """Layer `layer` of a stack in `role`: self-attention of the chosen kind (cross-attention too), the FFN, each
+        wrapped by the norm placement."""
+        cfg, sizes = self.cfg, self.sizes
+        context = self.context(role, causal)
         attn_args = (cfg.d_model, cfg.n_heads, cfg.kv_heads, sizes["attn_dropout"], cfg.bias)
         qk_norm = functools.partial(make_norm, cfg.qk_norm, eps=cfg.norm_eps, bias=cfg.norm_bias) \
             if cfg.qk_norm is not None else None  # called with head_dim
-        blocks = [
-            Block(
-                SelfAttention(*attn_args, layer=i, kernel=ATTENTION.build(cfg.attention, {**context, "layer": i}),
-                              qk_norm=qk_norm, value_residual=cfg.value_residual,
-                              value_lambda=cfg.value_residual_lambda),
-                FFN.build(cfg.ffn, context),
-                functools.partial(NORM.build, cfg.norm, context),
-                CrossAttention(*attn_args, layer=i, qk_norm=qk_norm, softcap=cfg.attn_softcap) if cross else None,
-            )
-            for i in range(n_layers)
-        ]
-        final_norm = norm() if cfg.variant("norm").final_norm else None
-        stack = Stack(embedding, POS.build(cfg.pos, context), blocks, final_norm, causal, sizes["emb_dropout"],
+        return Block(
+            SelfAttention(*attn_args, layer=layer, kernel=ATTENTION.build(cfg.attention, {**context, "layer": layer}),
+                          qk_norm=qk_norm, value_residual=cfg.value_residual, value_lambda=cfg.value_residual_lambda),
+            FFN.build(cfg.ffn, context),
+            functools.partial(NORM.build, cfg.norm, context),
+            CrossAttention(*attn_args, layer=layer, qk_norm=qk_norm, softcap=cfg.attn_softcap) if cross else None,
+        )
+
+    def final_norm(self) -> nn.Module | None:
+        """The norm a stack ends with, where the placement wants one (pre-norm: yes; post-norm: none)."""
+        cfg = self.cfg
+        return make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.variant("norm").final_norm \
+            else None
+
+    def stack(self, role: str, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool) -> Stack:
+        cfg, sizes = self.cfg, self.sizes
+        blocks = [self.block(role, i, causal, cross) for i in range(n_layers)]
+        pos = POS.build(cfg.pos, {**self.context(role, causal), **cfg.pos_sizes()})
+        stack = Stack(embedding, pos, blocks, self.final_norm(), causal, sizes["emb_dropout"],
                       cfg.attn_softcap)
         stack.checkpointing = cfg.activation_checkpointing
         return stack

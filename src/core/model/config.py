@@ -18,7 +18,7 @@ from typing import Any
 
 from archsweep.variants.attention import ATTENTION
 from archsweep.variants.ffn import FFN
-from archsweep.variants.model import KIND
+from archsweep.variants.model import CAUSAL, KIND, kinds_of
 from archsweep.variants.norm import NORM, NORM_TYPES
 from archsweep.variants.pos import POS
 from archsweep.variants.registry import Registry, close_match
@@ -90,6 +90,10 @@ class ModelConfig:
     value_residual: str | None = None  # fixed | learnable: v_n <- l1 v_n + l2 v_1 (ResFormer, Zhou et al. 2024)
     value_residual_lambda: float = 0.5  # lambda2 (lambda1 = 1 - lambda2): fixed, or the learnable ones' start
 
+    # multi-token prediction (DeepSeek-V3): sequential modules predicting tokens t+2 .. t+1+mtp in training only
+    mtp: int = 0  # prediction depths (modules); 0: off
+    mtp_weight: float = 0.3  # weight of their mean loss (DeepSeek-V3: 0.3, later 0.1)
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
@@ -157,22 +161,29 @@ class ModelConfig:
         self._check_heads()
         self._check_dropouts()
         self._check_stability()
-        KIND.get(self.kind)
+        self._check_mtp()
         for axis, registry in AXES.items():
             setattr(self, axis, registry.spec(getattr(self, axis)))
         self._check_kind_fields()
         self._check_rules()
         sizes = self.sizes()
         self.variant("kind").check(sizes, {})
-        for axis in AXES:
-            self.variant(axis).check(sizes, self.options(axis))
+        for axis in sorted(AXES, key=lambda a: a != "attention"):  # the attention kind sizes the encoding's heads
+            self.variant(axis).check(self.pos_sizes() if axis == "pos" else sizes, self.options(axis))
         return self
+
+    def pos_sizes(self) -> dict[str, Any]:
+        """The sizes the positional encoding is built and checked with: its `head_dim` is the channels per head the
+        attention kind rotates (all of them, or latent attention's rotary part)."""
+        sizes = self.sizes()
+        return {**sizes, "head_dim": self.variant("attention").rotary_dim(sizes, self.options("attention"))}
 
     def _check_rules(self) -> None:
         """The rules across axes (`archsweep.variants.rules`), on the chosen classes (variants from outside the
         package included), before each variant checks its own sizes."""
         axes = ["kind", *AXES]
-        check_rules(Choices({a: self.choice(a) for a in axes}, {a: self.variant(a) for a in axes}, self.sizes()))
+        check_rules(Choices({a: self.choice(a) for a in axes}, {a: self.variant(a) for a in axes}, self.sizes(),
+                            {a: self.options(a) for a in AXES}))
 
     def _check_sizes(self) -> None:
         positive = ["vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "n_classes"]
@@ -209,6 +220,19 @@ class ModelConfig:
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= lam <= 1.0:
             raise ValueError(f"value_residual_lambda={lam!r} must be a number in [0, 1], the weight of the first "
                              f"layer's values (ResFormer: 0.5)")
+
+    def _check_mtp(self) -> None:
+        if isinstance(self.mtp, bool) or not isinstance(self.mtp, int) or self.mtp < 0:
+            raise ValueError(f"mtp={self.mtp!r} must be a number of prediction depths >= 0 (DeepSeek-V3: 1; 0 off)")
+        weight = self.mtp_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+            raise ValueError(f"mtp_weight={weight!r} must be a weight >= 0 (DeepSeek-V3: 0.3, then 0.1)")
+        form = KIND.get(self.kind).form
+        if self.mtp and form != CAUSAL:
+            raise ValueError(f"mtp={self.mtp} needs a causal stack over one sequence, kind="
+                             f"{' or '.join(kinds_of((CAUSAL,)))}: its modules extend the hidden state of position i "
+                             f"with token i+k to predict token i+k+1, and kind={self.kind} reads its data as {form}; "
+                             f"set model.mtp=0")
 
     def _check_dropouts(self) -> None:
         for name in ("dropout", "attn_dropout", "emb_dropout"):

@@ -159,7 +159,20 @@ class AttentionKernel(nn.Module):
     """One self-attention layer's way of attending. Subclasses set `forms_scores` and implement `forward`."""
 
     forms_scores: ClassVar[bool] = True  # softmax over Q K^T: score biases (ALiBi, T5) and probabilities exist
+    # True: the kind projects the layer input itself (latent attention): the layer calls `project_attend(x, ...)`
+    # and builds no q/k/v or output projection of its own
+    projects: ClassVar[bool] = False
     label: str = ""  # shape trace: what this layer does, e.g. "window 64"
+
+    @classmethod
+    def rotary_dim(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> int:
+        """Channels per head a rotary encoding rotates (the encoding is built with this `head_dim`): all of them."""
+        return sizes["head_dim"]
+
+    @classmethod
+    def pos_refusal(cls, pos: type, pos_options: Mapping[str, Any]) -> str | None:
+        """Why this kind cannot take the positional encoding class `pos` with these options; None: it can."""
+        return None
 
     @classmethod
     def doc_mask_refusal(cls, options: Mapping[str, Any]) -> str | None:

@@ -59,7 +59,10 @@ class SelfAttention(Attention):
                  kernel: AttentionKernel, qk_norm: Callable[[int], nn.Module] | None = None,
                  value_residual: str | None = None, value_lambda: float = 0.5) -> None:
         super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, qk_norm)
-        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        if kernel.projects:  # latent attention: the kind projects the input and its output itself
+            self.qkv_proj = self.out_proj = None
+        else:
+            self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
         self.kernel = kernel
         self.value_residual = value_residual
         lambdas = torch.tensor([1.0 - value_lambda, value_lambda])  # (lambda1, lambda2)
@@ -69,6 +72,8 @@ class SelfAttention(Attention):
             self.register_buffer("value_lambdas", lambdas, persistent=False)
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
+        if self.qkv_proj is None:
+            return self.kernel.project_attend(x, ctx, self.p_drop(), self.record)
         q, k, v = self.split_qkv(self.qkv_proj(x))
         q, k = ctx.rotate_qk(q, k, ctx.positions)
         if self.qk_norm:

@@ -38,6 +38,10 @@ class Parts(Protocol):
 
     def stack(self, role: str, embedding: nn.Module, n_layers: int, causal: bool, cross: bool) -> nn.Module: ...
 
+    def block(self, role: str, layer: int, causal: bool, cross: bool = False) -> nn.Module: ...
+
+    def final_norm(self) -> nn.Module | None: ...
+
 
 class ModelKind(nn.Module):
     form: ClassVar[str]

@@ -11,27 +11,46 @@ from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import LMHead
 from archsweep.variants.model import CAUSAL, KIND
 from archsweep.variants.model.base import ModelKind, Parts
+from archsweep.variants.mtp import MultiTokenPrediction, PredictionModule
 
 
 @KIND.register("decoder_only")
 class DecoderOnly(ModelKind):
-    form = CAUSAL
+    """`model.mtp` > 0 adds DeepSeek-V3's multi-token prediction modules (`archsweep.variants.mtp`), run only in a
+    training forward; the logits returned are always the next-token head's."""
 
-    def __init__(self, decoder: Stack, head: LMHead) -> None:
+    form = CAUSAL
+    own_fields = ("mtp", "mtp_weight")
+
+    def __init__(self, decoder: Stack, head: LMHead, mtp: MultiTokenPrediction | None = None) -> None:
         super().__init__()
-        self.decoder, self.head = decoder, head
+        self.decoder, self.head, self.mtp = decoder, head, mtp
 
     @classmethod
     def assemble(cls, parts: Parts) -> DecoderOnly:
-        embed = parts.embedding(parts.sizes["vocab_size"])
+        s = parts.sizes
+        embed = parts.embedding(s["vocab_size"])
         head = parts.head(embed)
-        return cls(parts.stack("stack", embed, parts.sizes["n_layers"], causal=True, cross=False), head)
+        decoder = parts.stack("stack", embed, s["n_layers"], causal=True, cross=False)
+        modules = [PredictionModule(s["d_model"], s["norm_eps"], parts.block("stack", s["n_layers"] + k, causal=True),
+                                    parts.final_norm()) for k in range(s["mtp"])]
+        return cls(decoder, head, MultiTokenPrediction(modules, s["mtp_weight"], s["vocab_size"]) if modules else None)
+
+    @classmethod
+    def check(cls, sizes, options) -> None:
+        if sizes["mtp"] and sizes["value_residual"] is not None:
+            raise ValueError(f"value_residual={sizes['value_residual']!r} cannot be used with mtp={sizes['mtp']}: the "
+                             f"prediction modules' blocks see no first layer of their own to mix values with; set "
+                             f"model.mtp=0 or value_residual=null")
 
     def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, positions: Tensor | None = None,
                 cache: KVCache | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> logits (B, T, V). pad_mask (B, cached + T) True at real tokens; doc_ids (B, T) the
         document of each new token (block-causal attention, positions restarting per document)."""
-        return self.head(self.decoder(tokens, pad_mask=pad_mask, positions=positions, cache=cache, doc_ids=doc_ids))
+        hidden = self.decoder(tokens, pad_mask=pad_mask, positions=positions, cache=cache, doc_ids=doc_ids)
+        if self.mtp is not None and self.training and torch.is_grad_enabled() and cache is None:
+            self.mtp(hidden, tokens, self.decoder, self.head, pad_mask, doc_ids)  # recorded for its aux loss
+        return self.head(hidden)
 
 
 def pack_prefix_lm(src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor, sep_id: int, pad_id: int,

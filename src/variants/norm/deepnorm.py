@@ -40,7 +40,10 @@ class DeepNorm(Residual):
 
     @torch.no_grad()
     def init_sublayer(self, sublayer: nn.Module) -> None:
-        if isinstance(sublayer, SelfAttention):
+        if isinstance(sublayer, SelfAttention) and sublayer.qkv_proj is None:  # a kind with its own projections
+            for matrix in sublayer.kernel.value_output_weights():
+                matrix.mul_(self.beta)
+        elif isinstance(sublayer, SelfAttention):
             sublayer.qkv_proj.weight[(sublayer.n_heads + sublayer.n_kv_heads) * sublayer.head_dim:].mul_(self.beta)
             sublayer.out_proj.weight.mul_(self.beta)
         elif isinstance(sublayer, CrossAttention):

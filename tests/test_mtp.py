@@ -1,0 +1,201 @@
+"""Multi-token prediction (`model.mtp`, DeepSeek-V3) against a direct computation of its loss, its causality, its
+FLOP count, what it leaves alone (evaluation and decoding), what it refuses, and train.py with it and with MLA."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils import flop_counter
+
+from archsweep.core.model.build import ModelConfig, build_model, count_parameters
+from archsweep.core.model.config import AXES
+from archsweep.variants.attention.base import AttnContext
+from archsweep.variants.flops import Shape, forward_flops
+from archsweep.variants.hooks import collect_aux_losses
+from archsweep.variants.model import KIND, form_of
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+VOCAB, D, T = 23, 32, 10
+
+
+def tiny(mtp: int = 2, **fields) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = dict(kind="decoder_only", vocab_size=VOCAB, d_model=D, n_heads=4, n_layers=2, d_ff=64, dropout=0.0,
+               norm="pre", pos="rotary", norm_type="rmsnorm", mtp=mtp, mtp_weight=0.25)
+    return build_model(ModelConfig(**{**cfg, **fields})).train()
+
+
+def tokens(b: int = 3, t: int = T, seed: int = 1) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+def reference_losses(model, x: torch.Tensor, labelled: torch.Tensor) -> list[torch.Tensor]:
+    """DeepSeek-V3's equations 21-25 written out: h^k_i = Block(M_k [RMSNorm(h^(k-1)_i); RMSNorm(Emb(t_(i+k)))]),
+    P^k_(i+k+1) = softmax(head(final_norm(h^k_i))), the loss over labelled positions whose target is in the row."""
+    stack, t = model.decoder, x.shape[1]
+    h = stack(x)
+    losses = []
+    for k, module in enumerate(model.mtp.depths, start=1):
+        n = t - k
+        joined = torch.cat([rms(h[:, :n], module.hidden_norm.weight, module.hidden_norm.eps),
+                            rms(stack.embed(x[:, k:]), module.embed_norm.weight, module.embed_norm.eps)], dim=-1)
+        ctx = AttnContext(None, True, n, n, torch.arange(n)[None], stack.pos.rotate_qk, stack.pos.attn_bias, None,
+                          x.device)
+        h = module.block(joined @ module.in_proj.weight.T, ctx)
+        logits = module.final_norm(h) @ model.head.weight.T  # (B, n, V), tied head
+        nll = -logits[:, :n - 1].log_softmax(-1).gather(-1, x[:, k + 1:, None])[..., 0]  # (B, n - 1)
+        keep = labelled[:, k:t - 1]  # target t_(i+k+1) is the label of position i + k
+        losses.append((nll * keep).sum() / keep.sum())
+    return losses
+
+
+def test_the_loss_equals_a_direct_computation_and_comes_through_the_hook():
+    model, x = tiny(), tokens()
+    labelled = torch.ones_like(x, dtype=torch.bool)
+    labelled[0, :4] = False  # a prefix-LM row: the source is not predicted
+    model(x)
+    aux = collect_aux_losses(model, labelled)
+    expected = reference_losses(model, x, labelled)
+    for k, loss in enumerate(expected, start=1):
+        torch.testing.assert_close(aux[f"mtp_{k}"].value, loss)
+        assert aux[f"mtp_{k}"].weight == 0.0  # logged only
+    torch.testing.assert_close(aux["mtp"].value, torch.stack(expected).mean())
+    assert aux["mtp"].weight == 0.25 and set(aux) == {"mtp", "mtp_1", "mtp_2"}
+    assert collect_aux_losses(model, labelled) == {}  # read once
+
+
+def test_depth_k_sees_no_token_after_i_plus_k():
+    model, x = tiny(), tokens()
+    model(x)
+    before = [logits.detach() for logits, _, _ in model.mtp.predictions]
+    y = x.clone()
+    y[:, 6] = (y[:, 6] % (VOCAB - 1)) + 1  # another token at position 6
+    model(y)
+    after = [logits.detach() for logits, _, _ in model.mtp.predictions]
+    for k, (a, b) in enumerate(zip(before, after, strict=True), start=1):
+        torch.testing.assert_close(a[:, :6 - k], b[:, :6 - k])  # positions i + k < 6 are unchanged
+        assert not torch.allclose(a[:, 6 - k], b[:, 6 - k])  # position i = 6 - k embeds it
+
+
+def test_evaluation_and_decoding_use_the_next_token_head_only():
+    plain, with_mtp, x = tiny(mtp=0), tiny(mtp=2), tokens()
+    missing = with_mtp.load_state_dict(plain.state_dict(), strict=False).missing_keys  # the same stack and head
+    assert missing and all(key.startswith("mtp.") for key in missing)
+    torch.testing.assert_close(with_mtp(x), plain(x))  # training forward: the same next-token logits
+    assert collect_aux_losses(with_mtp, torch.ones_like(x, dtype=torch.bool))  # that forward trained them
+    with_mtp.eval(), plain.eval()
+    with_mtp(x)
+    assert with_mtp.mtp.predictions == []  # not run outside training
+    from archsweep.core.eval.generation import DecodingConfig, generate
+
+    prompts, mask = tokens(2, 4), torch.ones(2, 4, dtype=torch.bool)
+    cfg = DecodingConfig(strategy="greedy", max_new_tokens=6)
+    out = [generate(m, prompts, mask, cfg, eos_id=VOCAB + 5, pad_id=0, bos_id=1).tokens for m in (plain, with_mtp)]
+    assert torch.equal(*out)
+
+
+def test_parameters_count_the_modules_which_every_training_token_uses():
+    plain, with_mtp = tiny(mtp=0), tiny(mtp=2)
+    block = sum(p.numel() for p in with_mtp.decoder.blocks[0].parameters())
+    extra = 2 * (block + 2 * D * D + 3 * D)  # block, projection, two input norms and the final norm per depth
+    assert count_parameters(with_mtp) - count_parameters(plain) == extra
+    assert count_parameters(with_mtp, count="active") == count_parameters(with_mtp)
+
+
+def _sdpa(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs):
+    """What the analytic count names: 4 Dh per query-key pair a causal mask leaves."""
+    b, h, t, d = q  # the counter hands shapes
+    return 4 * b * h * d * (t * (t + 1) // 2 if is_causal else t * k[2])
+
+
+def test_flops_count_the_modules_work_in_training_exactly():
+    aten = torch.ops.aten
+    model, x = tiny(), tokens()
+    with flop_counter.FlopCounterMode(display=False, custom_mapping={
+            aten._scaled_dot_product_flash_attention_for_cpu: _sdpa}) as counter:
+        model(x)
+    assert forward_flops(model, Shape(3, T)) == counter.get_total_flops()
+    assert forward_flops(model, Shape(3, T)) > forward_flops(tiny(mtp=0), Shape(3, T))
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(kind="encoder_only"), r"mtp=1 needs a causal stack over one sequence, kind=decoder_only: .* "
+                                r"kind=encoder_only reads its data as bidirectional; set model.mtp=0"),
+    (dict(kind="encoder_decoder"), r"kind=encoder_decoder reads its data as source_target"),
+    (dict(pos="shaw"), r"mtp=1 cannot be used with pos=shaw: its score terms are learned per layer"),
+    (dict(value_residual="fixed"), r"value_residual='fixed' cannot be used with mtp=1"),
+    (dict(mtp=-1), r"mtp=-1 must be a number of prediction depths >= 0"),
+    (dict(mtp_weight=-0.1), r"mtp_weight=-0.1 must be a weight >= 0"),
+])
+def test_what_it_cannot_take_is_refused(fields, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{"kind": "decoder_only", "vocab_size": VOCAB, "mtp": 1, **fields}).validate()
+
+
+def test_every_option_of_every_group_trains_with_it():
+    """Each yaml of conf/<group>/ (one at a time, the rest default) that a decoder can take, with mtp=2: every
+    parameter of the prediction modules learns."""
+    groups = {"norm": "norm", "pos": "pos", "ffn": "ffn", "attention": "attention"}
+    assert set(groups) == set(AXES)
+    tried = 0
+    for axis, group in groups.items():
+        for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+            try:
+                model = tiny(**{axis: option}, norm_type="layernorm", dropout=0.1)
+            except ValueError as refused:  # an image-only encoding, a per-layer one: refused, saying why
+                assert "mtp=2" in str(refused) or "image" in str(refused), str(refused)
+                continue
+            x = tokens(2, 8)
+            loss = model(x).logsumexp(-1).mean()
+            aux = collect_aux_losses(model, torch.ones_like(x, dtype=torch.bool))
+            (loss + aux["mtp"].value * aux["mtp"].weight).backward()
+            grads = [p.grad for p in model.mtp.parameters()]
+            assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads), option
+            tried += 1
+    assert tried >= 20
+    assert [k for k in KIND.names() if form_of(k) == "causal"] == ["decoder_only"]
+
+
+def test_with_document_masking_positions_see_only_their_document_and_skip_targets_of_another():
+    model, x = tiny(), tokens(2, T)
+    docs = torch.tensor([[0] * 5 + [1] * 5, [0] * 10])
+    model(x, doc_ids=docs)
+    first = [logits.detach() for logits, _, _ in model.mtp.predictions]
+    valid = model.mtp.predictions[0][2]
+    assert valid[0].tolist() == [True] * 4 + [False] + [True] * 3 and valid[1].all()  # t_(i+1) of another document
+    y = x.clone()
+    y[0, 0] = (y[0, 0] % (VOCAB - 1)) + 1  # the first document changes
+    model(y, doc_ids=docs)
+    for a, (b, _, _) in zip(first, model.mtp.predictions, strict=True):
+        torch.testing.assert_close(a[0, 5:], b.detach()[0, 5:])  # the second document's positions do not see it
+
+
+@pytest.mark.slow
+def test_train_py_runs_with_mtp_and_latent_attention_and_logs_the_loss(tmp_path):
+    env = {**os.environ, "ARCHSWEEP_CACHE_DIR": str(tmp_path / "cache")}
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "model=decoder_only",
+                          "model.mtp=2", "attention=mla", "pos=rotary", "trainer.max_steps=4",
+                          "trainer.log_every_n_steps=2", "trainer.val_check_interval=4", "logger=csv",
+                          "eval.decode_samples=0", f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r.get("train/aux/mtp")]
+    assert len(rows) == 2
+    for r in rows:
+        depths = [float(r["train/aux/mtp_1"]), float(r["train/aux/mtp_2"])]
+        assert float(r["train/aux/mtp"]) == pytest.approx(sum(depths) / 2, rel=1e-5) and min(depths) > 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["params"] == results["active_params"] > 0
