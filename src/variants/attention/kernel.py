@@ -109,8 +109,8 @@ class FeatureMapAttention(AttentionKernel):
         with torch.autocast(q.device.type, enabled=False):
             k, v = repeat_kv(q, k, v)
             wide = torch.promote_types(q.dtype, torch.float32)  # float32 at least (float64 stays float64)
-            q32, k, v = q.to(wide), k.to(wide), v.to(wide)
-            (fq, mq), (fk, m) = self.query_features(q32), self.key_features(k)  # (B, H, T, F)
+            q_wide, k, v = q.to(wide), k.to(wide), v.to(wide)
+            (fq, mq), (fk, m) = self.query_features(q_wide), self.key_features(k)  # (B, H, T, F)
             pad = ctx.key_padding(k.shape[2])
             if pad is not None:
                 fk = fk * pad[:, None, :, None]
