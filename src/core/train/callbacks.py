@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -204,15 +205,21 @@ class Interrupted(Exception):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
 
 
+# a scheduler's notices: SIGTERM (SLURM's preemption, `kill`, torchrun), SIGUSR1 (Lightning's SLURM requeue signal),
+# SIGUSR2 (submitit's notice before a time-out; core/train/submitit_job.py requeues the job after the stop)
+SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
 class StopOnSignal(L.Callback):
-    """SIGTERM (a scheduler's notice before a time-out) or SIGINT (Ctrl+C) during training: the step in progress
-    completes (and one more when a validation is due after it); last.ckpt is written then and `Interrupted` raised,
-    which fit.py turns into results.json `status: interrupted` and a non-zero exit. Resuming from that checkpoint
-    continues exactly. A second SIGINT stops at once. With several processes (ddp, fsdp) SIGTERM, to any of them,
-    is handled the same way: the processes agree at each step boundary whether one was signalled (one small
-    all-reduce, in place of Lightning's handler, whose broadcast from inside the signal handler can interleave with
-    a sharded model's own collectives and hang), and all stop there together. Without `last_path` (a budget
-    branch, which restarts from its own starting point) it stops after the current step and saves nothing."""
+    """SIGTERM, SIGUSR1 or SIGUSR2 (a scheduler's notices before a time-out or preemption) or SIGINT (Ctrl+C) during
+    training: the step in progress completes (and one more when a validation is due after it); last.ckpt is written
+    then and `Interrupted` raised, which fit.py turns into results.json `status: interrupted` and a non-zero exit.
+    Resuming from that checkpoint continues exactly. A second SIGINT stops at once. With several processes (ddp,
+    fsdp) a scheduler's signal, to any of them, is handled the same way: the processes agree at each step boundary
+    on the signal one of them received (one small all-reduce, in place of Lightning's handler, whose broadcast from
+    inside the signal handler can interleave with a sharded model's own collectives and hang), and all stop there
+    together. Without `last_path` (a budget branch, which restarts from its own starting point) it stops after the
+    current step and saves nothing."""
 
     def __init__(self, last_path: str | Path | None) -> None:
         self.last_path = str(last_path) if last_path is not None else None
@@ -222,7 +229,7 @@ class StopOnSignal(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Lightning's own handlers (registered before this hook); Lightning restores the earlier ones at the
         # end of fit, so a signal during the final evaluation ends the process as usual
-        for signum in (signal.SIGTERM, signal.SIGINT) if trainer.world_size == 1 else (signal.SIGTERM,):
+        for signum in (*SCHEDULER_SIGNALS, signal.SIGINT) if trainer.world_size == 1 else SCHEDULER_SIGNALS:
             signal.signal(signum, self._handler)
 
     @property
@@ -244,8 +251,9 @@ class StopOnSignal(L.Callback):
         if (self.saved_step is not None or (batch_idx + 1) % trainer.accumulate_grad_batches
                 or (batch_idx + 1) % trainer.val_check_batch == 0):
             return
-        if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False):
-            self.signum = self.signum or signal.SIGTERM  # this process's signal, or another's
+        if trainer.world_size > 1:  # this process's signal, or another's (the highest number, if several)
+            noted = torch.tensor(self.signum or 0, device=trainer.strategy.root_device)
+            self.signum = int(trainer.strategy.reduce(noted, reduce_op="max")) or None
         if self.signum is None:
             return
         if self.last_path is not None:

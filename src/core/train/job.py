@@ -48,6 +48,7 @@ from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, clean_sta
 from archsweep.core.train.runinfo import RunInfo, override_key, run_info
 from archsweep.core.train.schemas import check_schemas
 from archsweep.core.train.setup import Budget, ConfigError, Setup
+from archsweep.core.train.submitit_job import join_tasks, requeue
 from archsweep.core.train.sweep import append_summary, earlier_run, failure_line
 
 log = logging.getLogger("train")
@@ -382,6 +383,11 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
     quiet_libraries()
     lock = None
     try:
+        if info.multirun:  # a job of several submitit tasks: one process each (core/train/submitit_job.py)
+            try:
+                join_tasks(processes(cfg.trainer))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if info.multirun and not is_worker_process():  # jobs of a sweep never share a directory
             try:
                 lock = DirectoryLock(info.run_dir, f"sweep job {info.job_num}").acquire()
@@ -438,6 +444,7 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         append_summary(info, results)
     if results and results["status"] == "interrupted":  # a scheduler must not read success; the sweep stops too
         finish_wandb(exit_code=1)
+        requeue(results["interrupted"]["signal"])  # a submitit job stopped by submitit's preemption notice
         raise SystemExit(results["interrupted"]["exit_code"])
     return objective_value(results, cfg.objective) if results else math.nan
 

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from archsweep.core.model.checkpoint import CKPT_DIR, resolve_checkpoint
 from archsweep.core.train.results import RESULTS, Results
+from archsweep.core.train.submitit_job import task_log_name
 
 log = logging.getLogger("train")
 LOCK = ".lock"
@@ -48,6 +49,10 @@ def _unique() -> str:
 
 if not OmegaConf.has_resolver("unique"):  # `${unique:}` in conf/train.yaml's hydra.run.dir and hydra.sweep.dir
     OmegaConf.register_new_resolver("unique", _unique, use_cache=True)
+
+
+if not OmegaConf.has_resolver("task_log"):  # the log file's name: a submitit job's task > 0 logs to its own file
+    OmegaConf.register_new_resolver("task_log", task_log_name)  # (conf/hydra/job_logging/archsweep.yaml)
 
 
 if not OmegaConf.has_resolver("mul"):  # `${mul:4,${model.d_model}}`: a size that follows another (presets)

@@ -108,17 +108,19 @@ class FeatureMapAttention(AttentionKernel):
                              f"attention kind that forms a score matrix")
         with torch.autocast(q.device.type, enabled=False):
             k, v = repeat_kv(q, k, v)
-            (fq, mq), (fk, m) = self.query_features(q.float()), self.key_features(k.float())  # (B, H, T, F)
+            wide = torch.promote_types(q.dtype, torch.float32)  # float32 at least (float64 stays float64)
+            q_wide, k, v = q.to(wide), k.to(wide), v.to(wide)
+            (fq, mq), (fk, m) = self.query_features(q_wide), self.key_features(k)  # (B, H, T, F)
             pad = ctx.key_padding(k.shape[2])
             if pad is not None:
                 fk = fk * pad[:, None, :, None]
             if record is not None:
                 record.append(implied_weights(fq, fk, self.causal, self._eps(mq, m)).detach())
             if not self.causal:
-                return global_linear(fq, fk, v.float(), self._eps(mq, m)).to(q.dtype)
+                return global_linear(fq, fk, v, self._eps(mq, m)).to(q.dtype)
             state = ctx.cache.states.get(self.layer) if ctx.cache is not None else None
             s0, z0, fk, m = self._prior(state, fk, m, v)
-            out, s, z = causal_linear(fq, fk, v.float(), s0, z0, self.chunk_size, self._eps(mq, m))
+            out, s, z = causal_linear(fq, fk, v, s0, z0, self.chunk_size, self._eps(mq, m))
             if ctx.cache is not None:
                 ctx.cache.states[self.layer] = {"S": s, "z": z} if m is None else {"S": s, "z": z, "m": m}
             return out.to(q.dtype)

@@ -8,10 +8,10 @@ in local layers, so their memory stays constant however long the generation.
 
 Without a cache and on inputs longer than twice the window, queries are processed in blocks of `window`, each
 against its neighbouring key blocks only (the chunked form of Longformer), so time and memory grow as T x window.
-Otherwise backends: `sdpa` (a boolean band mask over all keys, any device); `flex` (FlexAttention with a block
-mask, which skips the
-blocks outside the band; compiled on GPUs); `auto` takes `flex` on CUDA when nothing needs the explicit path
-(no score bias, no attention dropout, no recorded maps) and `sdpa` otherwise. Both give the same outputs.
+Otherwise backends: `sdpa` (a boolean band mask over all keys); `flex` (FlexAttention with a block mask, which
+skips the blocks outside the band, compiled; for inputs without a score bias, attention dropout or recorded maps);
+`auto` is `sdpa`, so the default path is the same on every device (one compiled FlexAttention per sequence
+length costs a CPU tens of seconds). Both give the same outputs.
 Document masking (`ctx.doc_ids`) joins the band in the SDPA mask (and in the blocked form); `flex` refuses it.
 """
 
@@ -146,7 +146,7 @@ class SlidingWindowAttention(AttentionKernel):
         if self.backend == "flex" and not plain:
             raise ValueError("attention.backend=flex cannot add a score bias, drop attention probabilities or "
                              "record attention maps; use backend=auto (falls back to sdpa) or model.attn_dropout=0")
-        return plain and (self.backend == "flex" or q.is_cuda)
+        return plain and self.backend == "flex"
 
     def _flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -164,10 +164,9 @@ class SlidingWindowAttention(AttentionKernel):
         batch = None if pad is None else q.shape[0]
         block_mask = ctx.once(("flex", window, n_keys), lambda: create_block_mask(
             keep, batch, None, ctx.q_len, n_keys, device=q.device))
-        if q.is_cuda and _compiled_flex is None:
+        if _compiled_flex is None:  # compiled on every device (torch 2.13 compiles it for CPUs too)
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
-        run = _compiled_flex if q.is_cuda else flex_attention
-        return run(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+        return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
     def flops_per_token(self, seq_len: int, causal: bool, n_heads: int, head_dim: int) -> float:
         return 4.0 * n_heads * head_dim * mean_keys(seq_len, causal, self.window if self.local else None)
