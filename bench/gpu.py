@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -177,7 +178,8 @@ def run_tests(out: Path, timeout_s: float) -> dict:
            "-p", "no:cacheprovider", f"--junitxml={xml}"]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "ARCHSWEEP_GPU_CHECK": "1"})  # tests/test_gpu.py runs on a CPU too
     except subprocess.TimeoutExpired:
         return {"status": f"stopped after {timeout_s:.0f} s", "seconds": time.perf_counter() - start}
     print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:], flush=True)
