@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,23 @@ def test_train_py_logs_aux_losses_expert_load_and_active_parameters(tmp_path, ki
         assert float(row[f"diag/moe/{layer}/dropped"]) >= 0
     results = json.loads((run_dir / "results.json").read_text())
     assert 0 < results["active_params"] < results["params"]
+
+
+@pytest.mark.slow
+def test_ddp_trains_with_the_bias_update_summed_over_ranks(tmp_path):
+    """Two CPU processes under torchrun: the run completes and the routing bias moved (the load is all-reduced)."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train.py"), "experiment=smoke", "model=decoder_only", "task=shakespeare_char", "ffn=moe",
+           "model.ffn.n_experts=4", "model.ffn.bias_update_rate=0.01", "trainer=ddp", "trainer.max_steps=4",
+           "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0", f"hydra.run.dir={run_dir}",
+           f"output_root={tmp_path}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2 and results["steps"] == 4
+    (ckpt, *_) = sorted(run_dir.rglob("*.ckpt"))
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    bias = state["model.decoder.blocks.0.ffn.route_bias"]
+    assert bias.abs().sum() > 0  # 4 updates of +-0.01 (0 where an expert's load was exactly the mean)
