@@ -4,7 +4,8 @@ tokens already sorted by expert.
 Each matrix product is one grouped matmul (`torch.nn.functional.grouped_mm`, jagged token counts per expert, no
 host sync) where its kernels accept the operands: bfloat16 with rows of whole 16-byte multiples (torch's grouped
 kernels and their compile-time checks take only bfloat16). Otherwise, and on every device alike, it falls back to a
-loop over the experts' slices of the sorted tokens, one `F.linear` each: correct for every dtype and size.
+loop over the experts' slices of the sorted tokens, one `F.linear` each: correct for every dtype and size (left
+out of `torch.compile`'s graphs, which would otherwise be rebuilt for every new set of token counts).
 """
 
 from __future__ import annotations
@@ -41,8 +42,14 @@ def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor | None, counts: Tenso
         offsets = counts.cumsum(0).to(torch.int32)  # (E,) end of each expert's rows
         out = F.grouped_mm(x, weight.mT, offs=offsets)  # (N, out)
         return out if bias is None else out + bias.to(dtype).repeat_interleave(counts, dim=0, output_size=len(x))
+    return loop_linear(x, weight, None if bias is None else bias.to(dtype), counts)
+
+
+@torch.compiler.disable  # the split sizes are data: compiled, each new set of counts would be a new graph
+def loop_linear(x: Tensor, weight: Tensor, bias: Tensor | None, counts: Tensor) -> Tensor:
+    """`grouped_linear` as a loop of one F.linear per expert."""
     chunks = x.split(counts.tolist())
-    biases = [None] * len(chunks) if bias is None else bias.to(dtype)
+    biases = [None] * len(chunks) if bias is None else bias
     return torch.cat([F.linear(chunk, w, b) for chunk, w, b in zip(chunks, weight, biases, strict=True)])
 
 
