@@ -14,6 +14,10 @@ module defines the method, and the framework finds it by walking `model.modules(
   (E, out, in): Muon orthogonalises them (each slice on its own), DeepNorm scales them as FFN matrices.
 - `active_params() -> int`: how many of the module's parameters (children included) one token uses; default all.
   `flops(shape)` (flops.py) counts the work a token does; with `shape.total` it counts every parameter's work.
+- `diagnostics(where) -> dict[str, Tensor]`: figures of the module's training forwards of this step (a router's
+  expert load), logged as `diag/<name>` on log steps; `where` is the module's place (`decoder.0.ffn`), for names.
+- `step_update()`: called once per optimiser step after its last backward (recomputation included) and before the
+  optimiser's step: state changed outside the gradient (a router's load-balancing bias), and per-step records reset.
 """
 
 from __future__ import annotations
@@ -74,6 +78,25 @@ class ZLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}"
+
+
+def collect_diagnostics(model: nn.Module) -> dict[str, Tensor]:
+    """Every module's `diagnostics(where)`, `where` its place in the model (`decoder.blocks.0.ffn` -> `decoder.0.ffn`;
+    a compiled model's wrapper left out)."""
+    found: dict[str, Tensor] = {}
+    for name, module in model.named_modules():
+        hook = getattr(module, "diagnostics", None)
+        if callable(hook):
+            found.update(hook(name.replace("_orig_mod.", "").replace("blocks.", "")))
+    return found
+
+
+def step_updates(model: nn.Module) -> None:
+    """Every module's `step_update()`."""
+    for module in model.modules():
+        hook = getattr(module, "step_update", None)
+        if callable(hook):
+            hook()
 
 
 def active_parameters(model: nn.Module) -> int:

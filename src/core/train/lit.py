@@ -2,7 +2,9 @@
 runs it on a batch, and owns the loss, the optimiser, the schedule and the metrics.
 
 The training step adds the auxiliary losses the model's modules report for its forward (a router's balancing loss,
-PaLM's z-loss in the output head; `archsweep.variants.hooks`), logged as `train/aux/<name>`. It avoids
+PaLM's z-loss in the output head; `archsweep.variants.hooks`), logged as `train/aux/<name>`; on log steps it logs
+the modules' own figures (`diagnostics`, as `diag/<name>`), and it calls their `step_update` once per optimiser
+step, after the last backward. It avoids
 host-device synchronisation: losses and norms are logged as tensors (Lightning turns
 them into numbers only on log steps), and accuracy and gradient norm are computed on log steps only. Validation
 and test use the metrics of `archsweep.core.eval.metrics` (the ones evaluate.py uses): updated on the device at
@@ -28,7 +30,7 @@ from archsweep.core.data.tasks.base import IGNORE_INDEX
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, by_length, row_stats, token_hits
 from archsweep.core.train.optim import make_optimizer, make_scheduler
 from archsweep.core.train.shard import shard_model
-from archsweep.variants.hooks import collect_aux_losses
+from archsweep.variants.hooks import collect_aux_losses, collect_diagnostics, step_updates
 
 
 def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
@@ -103,6 +105,9 @@ class LitModel(L.LightningModule):
         if self._log_step():  # before clipping: the norm the gradient had
             grads = [p.grad for p in self.parameters() if p.grad is not None]
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
+            for name, value in collect_diagnostics(self.model).items():  # the modules' own figures of this step
+                self.log(f"diag/{name}", value, on_step=True, on_epoch=False)
+        step_updates(self.model)  # after every backward of the step (hooks.py)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         logits = self(batch)

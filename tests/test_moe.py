@@ -1,0 +1,270 @@
+"""`ffn=moe` (variants/ffn/moe.py, experts.py): the same weights in Hugging Face's Mixtral and DeepSeek-V3 MoE blocks
+give the same outputs; one expert top-1 is the dense SwiGLU FFN exactly; the grouped matmul equals the per-expert
+loop; the losses, load figures and bias update against direct formulas; FLOPs, parameters, refusals; the model
+kinds, cached decoding, activation checkpointing, torch.compile and train.py."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from archsweep.core.model.build import ModelConfig, build_model, count_parameters, flops_per_token, match_field
+from archsweep.variants.ffn.experts import groupable, grouped_linear
+from archsweep.variants.ffn.moe import MoE
+from archsweep.variants.ffn.swiglu import SwiGLU
+from archsweep.variants.flops import Shape
+from archsweep.variants.hooks import collect_diagnostics, step_updates
+from tests.cache_check import assert_cached_decoding_equals_full_forward
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = dict(rtol=1e-5, atol=1e-6)  # float32 against the references (docs/options.md)
+
+
+def moe(**options) -> MoE:
+    fields = dict(d_model=32, d_ff=48, dropout=0.0, bias=False, n_experts=4, top_k=2)
+    torch.manual_seed(0)
+    return MoE(**{**fields, **options})
+
+
+def tokens(n: int = 40, d: int = 32) -> torch.Tensor:
+    return torch.randn(2, n // 2, d, generator=torch.Generator().manual_seed(3))
+
+
+def test_matches_mixtral_sparse_block():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=24, num_local_experts=4,
+                                        num_experts_per_tok=2, hidden_act="silu", router_jitter_noise=0.0)
+    ours = moe(expert_d_ff=24)
+    ref = MixtralSparseMoeBlock(config).eval()
+    with torch.no_grad():
+        ref.gate.weight.copy_(ours.router.weight)
+        ref.experts.gate_up_proj.copy_(torch.cat([ours.experts.gate_proj, ours.experts.up_proj], 1))
+        ref.experts.down_proj.copy_(ours.experts.down_proj)
+        x = tokens()
+        torch.testing.assert_close(ours.eval()(x), ref(x), **TOL)
+
+
+def test_matches_deepseek_v3_moe_with_shared_experts_and_the_correction_bias():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    config = transformers.DeepseekV3Config(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                           n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+                                           n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                                           hidden_act="silu")
+    ours = moe(n_experts=8, n_shared=2, expert_d_ff=16, score="sigmoid", route_scale=2.5)
+    ref = DeepseekV3MoE(config).eval()
+    with torch.no_grad():
+        ours.route_bias.copy_(torch.randn(8) * 0.1)  # changes which experts are picked, not their weights
+        ref.gate.weight.copy_(ours.router.weight)
+        ref.gate.e_score_correction_bias.copy_(ours.route_bias)
+        ref.experts.gate_up_proj.copy_(torch.cat([ours.experts.gate_proj, ours.experts.up_proj], 1))
+        ref.experts.down_proj.copy_(ours.experts.down_proj)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(ref.shared_experts, name).weight.copy_(getattr(ours.shared, name).weight)
+        x = tokens()
+        torch.testing.assert_close(ours.eval()(x), ref(x), **TOL)
+        unbiased = moe(n_experts=8, n_shared=2, expert_d_ff=16, score="sigmoid", route_scale=2.5).eval()
+        assert not torch.allclose(unbiased(x), ours(x))  # the bias did change the selection
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_expert_top_1_is_the_dense_swiglu_exactly(bias):
+    dense = SwiGLU(32, 48, dropout=0.0, bias=bias)
+    one = moe(n_experts=1, top_k=1, bias=bias)
+    with torch.no_grad():
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(one.experts, name)[0].copy_(getattr(dense, name).weight)
+            if bias:
+                getattr(one.experts, name.replace("proj", "bias"))[0].copy_(getattr(dense, name).bias)
+    x = tokens()
+    torch.testing.assert_close(one(x), dense(x), rtol=0, atol=0)
+
+
+def test_grouped_matmul_and_the_per_expert_loop_equal_the_float_computation():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 32, generator=g).bfloat16().requires_grad_()
+    weight = torch.randn(4, 16, 32, generator=g).bfloat16().requires_grad_()
+    bias = torch.randn(4, 16, generator=g).bfloat16().requires_grad_()
+    counts = torch.tensor([7, 0, 30, 3])
+    assert groupable(x, weight) and not groupable(x.float(), weight.float())
+    exact = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    expert = torch.repeat_interleave(torch.arange(4), counts)
+    ref = torch.einsum("nd,nfd->nf", exact[0], exact[1][expert]) + exact[2][expert]  # row by row, in float64
+    ref_grads = torch.autograd.grad(ref.square().sum(), exact)
+    for grouped in (True, False):
+        out = grouped_linear(x, weight, bias, counts, grouped)
+        grads = torch.autograd.grad(out.float().square().sum(), (x, weight, bias))
+        for got, want in zip((out, *grads), (ref, *ref_grads), strict=True):  # bfloat16 rounding: 2^-8 relative
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-2 * want.abs().max().item())
+
+
+def test_losses_equal_the_direct_formulas():
+    layer = moe(n_experts=4, top_k=2).train()
+    x = tokens()
+    layer(x)
+    losses = layer.aux_losses(torch.ones(1, dtype=torch.bool))
+    logits = x.reshape(-1, 32) @ layer.router.weight.T  # (N, E)
+    probs = logits.softmax(-1)
+    chosen = probs.topk(2, -1).indices
+    share = F.one_hot(chosen, 4).float().sum((0, 1)) / chosen.numel()  # f_e: share of the token slots
+    torch.testing.assert_close(losses["moe_balance"].value, 4 * (share * probs.mean(0)).sum())
+    torch.testing.assert_close(losses["router_z"].value, logits.logsumexp(-1).square().mean())
+    assert (losses["moe_balance"].weight, losses["router_z"].weight) == (0.01, 0.001)
+    assert layer.aux_losses(torch.ones(1, dtype=torch.bool)) == {}  # read once
+
+
+def test_load_figures_and_dropped_slots_with_a_capacity():
+    layer = moe(n_experts=4, top_k=2, capacity_factor=0.5).train()
+    x = tokens()
+    out = layer(x)
+    chosen = (x.reshape(-1, 32) @ layer.router.weight.T).topk(2, -1).indices
+    counts = torch.bincount(chosen.flatten(), minlength=4).float()
+    capacity = 10  # ceil(0.5 x 40 slots / 4)
+    figures = collect_diagnostics(torch.nn.ModuleDict({"layer": layer}))
+    torch.testing.assert_close(torch.stack([figures[f"moe/layer/tokens/{e}"] for e in range(4)]), counts)
+    torch.testing.assert_close(figures["moe/layer/cv"], counts.std(correction=0) / counts.mean())
+    torch.testing.assert_close(figures["moe/layer/dropped"], (counts - capacity).clamp(min=0).sum())
+    assert figures["moe/layer/dropped"] > 0
+    layer.eval()  # evaluation is dropless: equals the training forward only where no slot was dropped
+    assert not torch.allclose(layer(x), out)
+    step_updates(layer)
+    assert collect_diagnostics(layer) == {}
+
+
+def test_the_bias_update_moves_the_load_toward_balance():
+    layer = moe(n_experts=4, top_k=1, score="sigmoid", balance_weight=0.0, bias_update_rate=0.02).train()
+    with torch.no_grad():
+        layer.router.weight[0] += 0.5  # expert 0 takes most tokens
+    x = tokens(200).abs()
+    cvs = []
+    for _ in range(30):
+        layer(x)
+        cvs.append(float(collect_diagnostics(layer)["moe//cv"]))
+        step_updates(layer)
+    assert cvs[-1] < 0.5 * cvs[0]
+    assert layer.route_bias[0] < 0 and layer.route_bias.sum() < 0.3 * 30 * 0.02 * 4
+
+
+def test_active_parameters_and_flops_count_top_k_and_shared_experts():
+    layer = moe(n_experts=8, top_k=2, n_shared=1, bias=True)
+    per_expert = 3 * 32 * 32 + 2 * 32 + 32  # gated, hidden = round(2 x 48 / 3) = 32, with biases
+    shared = 3 * 32 * 32 + 2 * 32 + 32
+    assert layer.active_params() == 8 * 32 + 2 * per_expert + shared
+    assert sum(p.numel() for p in layer.parameters()) == 8 * 32 + 8 * per_expert + shared
+    shape = Shape(2, 10)
+    assert layer.flops(shape) == 20 * 2 * (8 * 32 + 2 * 3 * 32 * 32 + 3 * 32 * 32)
+    assert layer.flops(shape.replace(total=True)) == 20 * 2 * (8 * 32 + 8 * 3 * 32 * 32 + 3 * 32 * 32)
+
+
+def config(**overrides) -> ModelConfig:
+    fields = dict(kind="decoder_only", vocab_size=17, d_model=16, n_heads=2, n_layers=2, d_ff=48, dropout=0.0,
+                  norm="pre", pos="rotary", ffn={"name": "moe", "n_experts": 4, "top_k": 2}, n_classes=3)
+    return ModelConfig(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize("n_shared", [0, 1])
+def test_match_flops_holds_active_flops_of_the_dense_model_within_2_percent(n_shared):
+    shape = Shape(8, 64, causal=True)
+    target = flops_per_token(config(ffn="swiglu", d_ff=96), shape)
+    sparse = config(d_ff=96, ffn={"name": "moe", "n_experts": 8, "top_k": 2, "n_shared": n_shared})
+    matched, found = match_field(sparse, target, lambda c: flops_per_token(c, shape), "match_flops")
+    assert abs(found - target) / target < 0.02 and matched.d_ff < 96
+    assert count_parameters(build_model(matched)) > count_parameters(build_model(config(ffn="swiglu", d_ff=96)))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"top_k": 5}, "top_k=5 must be between 1 and n_experts=4"),
+    ({"n_experts": 0, "top_k": 1}, "n_experts=0 must be at least 1"),
+    ({"capacity_factor": 0.0}, "capacity_factor=0.0 must be positive"),
+    ({"expert": "moe"}, "expert='moe' cannot be an expert .* valid: geglu, gelu, relu, relu2, swiglu"),
+])
+def test_bad_options_are_refused_before_building(options, message):
+    with pytest.raises(ValueError, match=message):
+        config(ffn={"name": "moe", "n_experts": 4, "top_k": 2, **options}).validate()
+
+
+@pytest.mark.parametrize("kind", ["decoder_only", "encoder_decoder"])
+def test_cached_decoding_equals_recomputation(kind):
+    torch.manual_seed(0)
+    model = build_model(config(kind=kind)).eval()
+    x = torch.randint(1, 17, (2, 9))
+    assert_cached_decoding_equals_full_forward(model, kind, x, torch.randint(1, 17, (2, 7)))
+
+
+def test_encoder_only_with_checkpointing_gives_the_same_gradients():
+    x = torch.randint(1, 17, (2, 9))
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = build_model(config(kind="encoder_only", activation_checkpointing=checkpointing)).train()
+        out = model(x)
+        out.square().sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        step_updates(model)
+    assert grads[0].keys() == grads[1].keys() and any("experts" in n for n in grads[0])
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+@pytest.mark.slow
+def test_a_forward_under_torch_compile_equals_eager():
+    torch.manual_seed(0)
+    model = build_model(config()).eval()
+    x = torch.randint(1, 17, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model)(x), model(x), **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "task"), [("decoder_only", "shakespeare_char"), ("encoder_decoder", "reverse"),
+                                            ("encoder_only", "is_sorted")])
+def test_train_py_logs_aux_losses_expert_load_and_active_parameters(tmp_path, kind, task):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", f"model={kind}", f"task={task}",
+                          "ffn=moe", "model.ffn.n_experts=4", "model.ffn.capacity_factor=1.0",
+                          "model.ffn.bias_update_rate=0.001", "trainer.max_steps=4", "trainer.log_every_n_steps=2",
+                          "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0",
+                          f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r.get("train/aux/moe_balance")]
+    assert len(rows) == 2
+    layer = "decoder.0.ffn" if kind != "encoder_only" else "encoder.0.ffn"
+    for row in rows:
+        assert float(row["train/aux/moe_balance"]) >= 1.0 - 1e-6 and float(row["train/aux/router_z"]) > 0
+        load = [float(row[f"diag/moe/{layer}/tokens/{e}"]) for e in range(4)]
+        assert sum(load) > 0 and float(row[f"diag/moe/{layer}/cv"]) >= 0
+        assert float(row[f"diag/moe/{layer}/dropped"]) >= 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert 0 < results["active_params"] < results["params"]
+
+
+@pytest.mark.slow
+def test_ddp_trains_with_the_bias_update_summed_over_ranks(tmp_path):
+    """Two CPU processes under torchrun: the run completes and the routing bias moved (the load is all-reduced)."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train.py"), "experiment=smoke", "model=decoder_only", "task=shakespeare_char", "ffn=moe",
+           "model.ffn.n_experts=4", "model.ffn.bias_update_rate=0.01", "trainer=ddp", "trainer.max_steps=4",
+           "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0", f"hydra.run.dir={run_dir}",
+           f"output_root={tmp_path}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2 and results["steps"] == 4
+    (ckpt, *_) = sorted(run_dir.rglob("*.ckpt"))
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    bias = state["model.decoder.blocks.0.ffn.route_bias"]
+    assert bias.abs().sum() > 0  # 4 updates of +-0.01 (0 where an expert's load was exactly the mean)
