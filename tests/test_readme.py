@@ -294,6 +294,9 @@ def check_command(command: str, folder: Path) -> None:
         args = words(part)
         if not args:
             continue
+        if args[0] == "timeout":  # `timeout <seconds> <command>`: a time limit on a command that is checked as such
+            float(args[1].rstrip("smh"))
+            args = args[2:]
         program, args = args[0], args[1:]
         if program in NOT_CHECKED:
             continue
