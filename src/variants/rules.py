@@ -53,6 +53,16 @@ def softcap_needs_scores(c: Choices) -> None:
                      f"forms; leave attn_softcap null or choose attention={scoring_attention()}")
 
 
+def sink_needs_scores(c: Choices) -> None:
+    """model.attn_sink adds a logit to the softmax denominator over the scores, so it needs them too."""
+    sink = c.fields["attn_sink"]
+    if sink == "none" or c.classes["attention"].forms_scores:
+        return
+    raise ValueError(f"attn_sink={sink} adds a logit to the softmax over the score matrix Q K^T, which "
+                     f"attention={c.names['attention']} never forms (its kernel feature map has no softmax "
+                     f"denominator to add it to); set attn_sink=none or choose attention={scoring_attention()}")
+
+
 def patch_positions_need_images(c: Choices) -> None:
     """An encoding of an image's patch grid (`image_only`) needs a kind that reads images."""
     if not c.classes["pos"].image_only or c.classes["kind"].form == IMAGE:
@@ -62,7 +72,8 @@ def patch_positions_need_images(c: Choices) -> None:
                      f"for a token sequence")
 
 
-RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, patch_positions_need_images]
+RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, sink_needs_scores,
+                                          patch_positions_need_images]
 
 
 def check_rules(choices: Choices) -> None:

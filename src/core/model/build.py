@@ -63,7 +63,7 @@ class Parts:
             Block(
                 SelfAttention(*attn_args, layer=i, kernel=ATTENTION.build(cfg.attention, {**context, "layer": i}),
                               qk_norm=qk_norm, value_residual=cfg.value_residual,
-                              value_lambda=cfg.value_residual_lambda),
+                              value_lambda=cfg.value_residual_lambda, gate=cfg.attn_gate, sink=cfg.attn_sink),
                 FFN.build(cfg.ffn, context),
                 functools.partial(NORM.build, cfg.norm, context),
                 CrossAttention(*attn_args, layer=i, qk_norm=qk_norm, softcap=cfg.attn_softcap) if cross else None,
