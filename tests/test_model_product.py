@@ -15,7 +15,7 @@ import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.model.config import AXES
-from archsweep.variants.attention.gates import GATES, SINKS
+from archsweep.variants.attention import GATES, SINKS
 from archsweep.variants.model import BIDIRECTIONAL, IMAGE, KIND, SOURCE_TARGET, form_of
 from archsweep.variants.norm import NORM_TYPES
 from archsweep.variants.rules import RULES, Choices, check_rules

@@ -16,8 +16,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from archsweep.variants.attention import ATTENTION
-from archsweep.variants.attention.gates import GATES, SINKS
+from archsweep.variants.attention import ATTENTION, GATES, SINKS
 from archsweep.variants.ffn import FFN
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM, NORM_TYPES

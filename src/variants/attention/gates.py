@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-GATES = ("none", "headwise", "elementwise")  # model.attn_gate
-SINKS = ("none", "learned", "off_by_one")  # model.attn_sink
+from archsweep.variants.attention import GATES, SINKS
 
 
 class OutputGate(nn.Module):
