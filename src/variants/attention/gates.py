@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from archsweep.variants.attention import GATES, SINKS
+from archsweep.variants.flops import Shape
 
 
 class OutputGate(nn.Module):
@@ -48,9 +49,9 @@ class AttentionSink(nn.Module):
         else:
             self.register_buffer("logits", torch.zeros(n_heads), persistent=False)
 
-    def flops(self, shape: object) -> float:
+    def flops(self, shape: Shape) -> float:
         """The sink is one more key per query: its (zero) score and (zero) value products, 4 H Dh per token."""
-        return 4.0 * self.logits.numel() * self.head_dim * shape.tokens  # type: ignore[attr-defined]
+        return 4.0 * self.logits.numel() * self.head_dim * shape.tokens
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}"
