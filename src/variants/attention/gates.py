@@ -3,7 +3,8 @@
 - `OutputGate` (Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv 2505.06708, position G1): the
   attention output of each head is multiplied by sigmoid(X W_theta) before the output projection, X being the
   layer's input (after its norm). `headwise`: one gate per head and token; `elementwise`: one per channel. A
-  non-linear, sparse gate on the value path; the paper reports fewer loss spikes and no attention sink.
+  non-linear, sparse gate on the value path; the paper reports steadier training (fewer loss spikes, larger usable
+  learning rates) and the attention sink mostly gone.
 - `AttentionSink` (gpt-oss, OpenAI 2025; Miller 2023, "Attention is off by one"): one more logit per head in the
   softmax denominator, softmax_j(s_ij) = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)), so a head may attend to
   nothing. `learned`: sink_h is a parameter (starting at 0); `off_by_one`: sink_h = 0, fixed.
