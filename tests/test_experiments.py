@@ -23,7 +23,7 @@ from archsweep.variants.pos import POS
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ABLATIONS = ["norm_placement", "positional", "ffn_activation", "architecture", "vit_positions", "stability",
-             "optimizers", "doc_masking"]
+             "optimizers", "doc_masking", "attention_gates"]
 
 
 def compose_train(*overrides: str, hydra: bool = False):

@@ -1,8 +1,8 @@
-"""Every option of every axis (kind, norm, pos, ffn, attention: the yamls in conf/) builds, runs forward and backward
-with finite values, and every parameter that should learn gets a gradient, over a set of combinations in which
-every allowed pair of options of two axes meets at least once (all-pairs), not over the full product. Each rule
-across axes (`archsweep.variants.rules.RULES`) is refused once, with a message naming the fields and a fix that
-works."""
+"""Every option of every axis (kind, norm, pos, ffn, attention: the yamls in conf/) and of every model field with a
+closed set of options (`FIELDS`: norm_type, attn_gate, attn_sink) builds, runs forward and backward with finite
+values, and every parameter that should learn gets a gradient, over a set of combinations in which every allowed
+pair of options of two axes or fields meets at least once (all-pairs), not over the full product. Each rule across
+axes (`archsweep.variants.rules.RULES`) is refused once, with a message naming the fields and a fix that works."""
 
 from __future__ import annotations
 
@@ -15,22 +15,26 @@ import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.model.config import AXES
-from archsweep.variants.ffn.base import GatedFeedForward
+from archsweep.variants.attention import GATES, SINKS
 from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, IMAGE, KIND, SOURCE_TARGET, form_of
+from archsweep.variants.norm import NORM_TYPES
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
 from archsweep.variants.rules import RULES, Choices, check_rules
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = {"kind": "model", "norm": "norm", "pos": "pos", "ffn": "ffn", "attention": "attention"}  # field: conf group
-OPTIONS = {axis: sorted(p.stem for p in (CONF / group).glob("*.yaml")) for axis, group in GROUPS.items()}
+AXIS_OPTIONS = {axis: sorted(p.stem for p in (CONF / group).glob("*.yaml")) for axis, group in GROUPS.items()}
+FIELDS = {"norm_type": list(NORM_TYPES), "attn_gate": list(GATES), "attn_sink": list(SINKS)}  # model fields: options
+OPTIONS = {**AXIS_OPTIONS, **FIELDS}
 REGISTRIES = {"kind": KIND, **AXES}
+FIELD_DEFAULTS = tuple(getattr(ModelConfig, field) for field in FIELDS)
 # options small enough to act on a 7-token input: a window that excludes keys, a global layer in the pattern
 ATTENTION_OPTIONS = {"sliding_window": {"window": 3, "layer_pattern": "LG"}, "performer": {"n_features": 8},
                      "linear": {"chunk_size": 4}}
 IMAGE_SIZES = {"image_size": [4, 6], "patch_size": 2, "in_channels": 3}  # 2 x 3 patches + a class token: 7 tokens
 
-Combination = tuple[str, ...]  # one option per axis, in the order of OPTIONS
+Combination = tuple[str, ...]  # one option per axis and field, in the order of OPTIONS
 Pair = tuple[tuple[str, str], tuple[str, str]]  # ((axis, option), (axis, option)) of two different axes
 
 
@@ -39,12 +43,11 @@ def named(combination: Combination) -> dict[str, str]:
 
 
 def config(combination: Combination, **fields) -> ModelConfig:
-    """A small model of these options (rmsnorm with the gated FFNs, layernorm with the others), not yet validated."""
+    """A small model of these options, not yet validated."""
     chosen = named(combination)
     kind, attention = chosen.pop("kind"), chosen.pop("attention")
-    gated = issubclass(REGISTRIES["ffn"].get(chosen["ffn"]), GatedFeedForward)
-    values = dict(kind=kind, **chosen, norm_type="rmsnorm" if gated else "layernorm", vocab_size=13, d_model=16,
-                  n_heads=2, n_layers=2, d_ff=32, max_seq_len=16, dropout=0.1, n_classes=3,
+    values = dict(kind=kind, **chosen, vocab_size=13, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=16,
+                  dropout=0.1, n_classes=3,
                   attention={"name": attention, **ATTENTION_OPTIONS.get(attention, {})},
                   **(IMAGE_SIZES if form_of(kind) == IMAGE else {}))
     return ModelConfig(**{**values, **fields})
@@ -52,7 +55,7 @@ def config(combination: Combination, **fields) -> ModelConfig:
 
 def choices(combination: Combination, **fields) -> Choices:
     """What the rules across axes see of this combination: the option names, their classes and the fields."""
-    names = named(combination)
+    names = {axis: name for axis, name in named(combination).items() if axis in REGISTRIES}
     classes = {axis: REGISTRIES[axis].get(name) for axis, name in names.items()}
     return Choices(names, classes, config(combination, **fields).sizes())
 
@@ -82,8 +85,50 @@ def all_pairs(candidates: list[Combination]) -> list[Combination]:
     return chosen
 
 
-ALLOWED = [c for c in itertools.product(*OPTIONS.values()) if allowed(c)]
-COMBINATIONS = all_pairs(ALLOWED)
+def field_pairs(combination: Combination) -> set[Pair]:
+    """The pairs of a combination in which a field is one side (the fields come after the axes)."""
+    return {pair for pair in pairs(combination) if pair[1][0] in FIELDS}
+
+
+def field_universe(axis_combinations: list[Combination]) -> set[Pair]:
+    """Every pair with a field's option that some allowed combination holds: for each such pair, the first allowed
+    combination of the axis combinations, each with every choice of the fields, that holds it."""
+    index = {name: i for i, name in enumerate(OPTIONS)}
+    full = [c + f for c in axis_combinations for f in itertools.product(*FIELDS.values())]
+    candidates = {((a, o), (f, v)) for a in OPTIONS for o in OPTIONS[a] for f in FIELDS for v in FIELDS[f]
+                  if index[a] < index[f]}
+    universe: set[Pair] = set()
+    for (a, o), (f, v) in sorted(candidates - universe):
+        if ((a, o), (f, v)) in universe:
+            continue
+        hit = next((c for c in full if c[index[a]] == o and c[index[f]] == v and allowed(c)), None)
+        if hit is not None:
+            universe |= field_pairs(hit)
+    return universe
+
+
+def with_fields(axis_combinations: list[Combination], candidates: list[Combination]) -> list[Combination]:
+    """Each axis combination with the (allowed) fields' options that cover the most field pairs not yet covered;
+    then more candidates, each with every choice of the fields, until every field pair is covered."""
+    field_choices = list(itertools.product(*FIELDS.values()))
+    uncovered = field_universe(candidates)
+    chosen = []
+    for c in axis_combinations:
+        best = max((c + f for f in field_choices if allowed(c + f)), key=lambda full: len(pairs(full) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    while uncovered:
+        first, second = sorted(uncovered)[0]
+        holding = [c + f for c in candidates for f in field_choices if {first, second} <= set(named(c + f).items())]
+        best = max((full for full in holding if allowed(full)), key=lambda full: len(pairs(full) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    return chosen
+
+
+ALLOWED = [c for c in itertools.product(*AXIS_OPTIONS.values()) if allowed(c + FIELD_DEFAULTS)]  # axes only
+COMBINATIONS = with_fields([c[:len(AXIS_OPTIONS)] for c in all_pairs([c + FIELD_DEFAULTS for c in ALLOWED])],
+                           ALLOWED)
 
 
 def run(model, kind, x, mask):
@@ -123,8 +168,9 @@ def test_combination_trains(combination):
 
 
 def test_the_combinations_cover_every_allowed_pair_and_every_option():
-    assert list(OPTIONS) == ["kind", *AXES] and all(OPTIONS.values())  # every axis, each with its yamls
-    universe = set().union(*(pairs(c) for c in itertools.product(*OPTIONS.values()) if allowed(c)))
+    assert list(AXIS_OPTIONS) == ["kind", *AXES] and all(OPTIONS.values())  # every axis, each with its yamls
+    axis_pairs = {pair for c in ALLOWED for pair in pairs(c + FIELD_DEFAULTS) if pair[1][0] not in FIELDS}
+    universe = axis_pairs | field_universe(ALLOWED)
     covered = set().union(*map(pairs, COMBINATIONS))
     assert covered == universe, sorted(universe - covered)[:5]
     assert all(allowed(c) for c in COMBINATIONS) and len(set(COMBINATIONS)) == len(COMBINATIONS)
@@ -142,10 +188,13 @@ def first(axis: str, test) -> str:
 
 def combination(**chosen: str) -> Combination:
     """These options, and each other axis' default."""
-    return tuple(chosen.get(axis, REGISTRIES[axis].default) for axis in OPTIONS)
+    defaults = {**{axis: registry.default for axis, registry in REGISTRIES.items()},
+                **dict(zip(FIELDS, FIELD_DEFAULTS, strict=True))}
+    return tuple(chosen.get(axis, defaults[axis]) for axis in OPTIONS)
 
 
 KERNEL = first("attention", lambda c: not c.forms_scores)  # an attention kind without a score matrix
+SINK = next(s for s in SINKS if s != ModelConfig.attn_sink)  # a sink
 BIASED = first("pos", lambda c: c.score_bias)  # an encoding that adds to the scores
 PATCHES = first("pos", lambda c: c.image_only)  # an encoding of an image's patch grid
 SEQUENCE = first("kind", lambda c: c.form != IMAGE)  # a kind that reads token sequences
@@ -153,6 +202,8 @@ PICKY = first("attention", lambda c: any(c.pos_refusal(POS.get(p), {}) for p in 
 REFUSED_POS = first("pos", lambda c: REGISTRIES["attention"].get(PICKY).pos_refusal(c, {}) is not None)
 CAUSAL_KIND = first("kind", lambda c: c.form == CAUSAL)  # the kind multi-token prediction extends
 PER_LAYER = first("pos", lambda c: c.content_bias is not PositionalEncoding.content_bias)  # tables per layer
+PROJECTING = first("attention", lambda c: c.projects)  # a kind that projects its input and output itself
+GATE = next(g for g in GATES if g != ModelConfig.attn_gate)  # a gate
 OR = r"(?:\w+)(?: or \w+)*"
 # per rule: a combination and fields it refuses, and its message; the named groups are the fixes it offers
 REFUSED = {
@@ -164,6 +215,16 @@ REFUSED = {
         combination(attention=KERNEL), {"attn_softcap": 30.0},
         rf"attn_softcap=30.0 caps the score matrix Q K\^T, which attention={KERNEL} never forms; leave attn_softcap "
         rf"null or choose attention=(?P<attention>{OR})$"),
+    "sink_needs_scores": (
+        combination(attention=KERNEL), {"attn_sink": SINK},
+        rf"attn_sink={SINK} adds a logit to the softmax over the score matrix Q K\^T, which attention={KERNEL} never "
+        rf"forms \(its kernel feature map has no softmax denominator to add it to\); set attn_sink=none or choose "
+        rf"attention=(?P<attention>{OR})$"),
+    "gate_needs_the_layers_projections": (
+        combination(kind=CAUSAL_KIND, attention=PROJECTING), {"attn_gate": GATE},
+        rf"attn_gate={GATE} gates each head's output before the layer's output projection, which "
+        rf"attention={PROJECTING} applies inside its own kernel \(with heads of its own v_head_dim\); set "
+        rf"attn_gate=none or choose attention=(?P<attention>{OR})$"),
     "patch_positions_need_images": (
         combination(kind=SEQUENCE, pos=PATCHES), {},
         rf"pos={PATCHES} places positions on an image's 2D patch grid and needs an image input: model "

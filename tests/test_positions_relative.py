@@ -53,7 +53,8 @@ def test_shaw_equals_equations_3_to_5_with_key_vectors(causal):
 
 def test_deberta_terms_each_equal_their_formula():
     k_max, d_model, h, dh = 3, 12, 3, 4
-    pos = Disentangled(d_model, h, dh, n_layers=1, n_decoder_layers=1, role="stack", max_distance=k_max)
+    pos = Disentangled(d_model, h, dh, n_layers=1, n_decoder_layers=1, role="stack", max_distance=k_max,
+                       p2c_index="paper")  # the paper's equation 4 (the code's index: test_reference_conventions.py)
     for p in pos.parameters():
         torch.nn.init.normal_(p)
     q, k, _ = qkv(h=h, t=9, d=dh)
@@ -135,7 +136,7 @@ def test_yarn_interpolates_slow_frequencies_keeps_fast_ones_and_scales_attention
     head_dim, factor, length = 64, 8.0, 256
     inv_freq = 10000.0 ** (-torch.arange(0, head_dim, 2) / head_dim)
     turns = length * inv_freq / (2 * math.pi)
-    yarn = yarn_frequencies(inv_freq, factor, length, beta_fast=32.0, beta_slow=1.0)
+    yarn = yarn_frequencies(inv_freq, factor, length, beta_fast=32.0, beta_slow=1.0, ramp="paper")
     fast, slow = turns > 32, turns < 1
     assert fast.any() and slow.any() and (~fast & ~slow).any()
     torch.testing.assert_close(yarn[fast], inv_freq[fast])

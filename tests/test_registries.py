@@ -45,7 +45,7 @@ def test_every_kind_has_a_model_yaml_and_a_data_form():
 def test_canonical_spec_fills_defaults_and_round_trips():
     spec = POS.spec("rotary")
     assert spec == {"name": "rotary", "base": 10000.0, "scaling": "none", "factor": 1.0, "original_length": None,
-                    "beta_fast": 32.0, "beta_slow": 1.0}
+                    "beta_fast": 32.0, "beta_slow": 1.0, "yarn_ramp": "code"}
     assert POS.spec(spec) == spec and POS.spec({"_target_": "archsweep.variants.pos.rotary.Rotary"}) == spec
     assert ModelConfig(pos={"name": "rotary", "base": 500}).validate().pos == {**spec, "base": 500}
 

@@ -134,6 +134,22 @@ def test_every_attention_kind_trains_with_every_model_kind(model, attention, ima
     assert torch.isfinite(loss)
 
 
+@pytest.mark.parametrize("model", options("model"))
+def test_the_attention_gate_sink_and_dyt_train_with_every_model_kind(model, image_file):
+    fields = ["model.attn_gate=headwise", "model.attn_sink=learned", "model.norm_type=dyt"]
+    cfg = compose_train(model, *fields, *companions(model, image_file, tokens=("task=copy",)), *TINY)
+    task = build_task(cfg)
+    model_cfg = model_config(cfg, task)
+    check_training(cfg)
+    assert (model_cfg.attn_gate, model_cfg.attn_sink, model_cfg.norm_type) == ("headwise", "learned", "dyt")
+    net = build_model(model_cfg)
+    batch = next(iter(task.dataloader("train", model_cfg.kind, seed=0)))
+    logits = task.forward_fn(model_cfg.kind)(net, batch)
+    F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX).backward()
+    learned = {n: p.grad for n, p in net.named_parameters() if n.endswith(("sink.logits", "gate_proj.weight", "alpha"))}
+    assert learned and all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in learned.values())
+
+
 @pytest.mark.parametrize("choice", options("optim", "schedule"))
 def test_optimiser_and_schedule_options_step(choice):
     cfg = compose_train(choice, *TINY, "schedule.warmup_steps=4", "trainer.max_steps=20")

@@ -56,6 +56,28 @@ def softcap_needs_scores(c: Choices) -> None:
                      f"forms; leave attn_softcap null or choose attention={scoring_attention()}")
 
 
+def sink_needs_scores(c: Choices) -> None:
+    """model.attn_sink adds a logit to the softmax denominator over the scores, so it needs them too."""
+    sink = c.fields["attn_sink"]
+    if sink == "none" or c.classes["attention"].forms_scores:
+        return
+    raise ValueError(f"attn_sink={sink} adds a logit to the softmax over the score matrix Q K^T, which "
+                     f"attention={c.names['attention']} never forms (its kernel feature map has no softmax "
+                     f"denominator to add it to); set attn_sink=none or choose attention={scoring_attention()}")
+
+
+def gate_needs_the_layers_projections(c: Choices) -> None:
+    """model.attn_gate scales each head's output between the kernel and the layer's output projection; a kind that
+    projects its input and output itself (`projects`: latent attention) has no such point in the layer."""
+    gate = c.fields["attn_gate"]
+    if gate == "none" or not c.classes["attention"].projects:
+        return
+    raise ValueError(f"attn_gate={gate} gates each head's output before the layer's output projection, which "
+                     f"attention={c.names['attention']} applies inside its own kernel (with heads of its own "
+                     f"v_head_dim); set attn_gate=none or choose attention="
+                     f"{' or '.join(n for n in ATTENTION.names() if not ATTENTION.get(n).projects)}")
+
+
 def patch_positions_need_images(c: Choices) -> None:
     """An encoding of an image's patch grid (`image_only`) needs a kind that reads images."""
     if not c.classes["pos"].image_only or c.classes["kind"].form == IMAGE:
@@ -92,7 +114,8 @@ def mtp_shares_the_encoding(c: Choices) -> None:
                      f"pos={' or '.join(fitting)}, or set model.mtp=0")
 
 
-RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, patch_positions_need_images,
+RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, sink_needs_scores,
+                                          gate_needs_the_layers_projections, patch_positions_need_images,
                                           attention_takes_the_encoding, mtp_shares_the_encoding]
 
 

@@ -68,7 +68,8 @@ class Parts:
             if cfg.qk_norm is not None else None  # called with head_dim
         return Block(
             SelfAttention(*attn_args, layer=layer, kernel=ATTENTION.build(cfg.attention, {**context, "layer": layer}),
-                          qk_norm=qk_norm, value_residual=cfg.value_residual, value_lambda=cfg.value_residual_lambda),
+                          qk_norm=qk_norm, value_residual=cfg.value_residual, value_lambda=cfg.value_residual_lambda,
+                          gate=cfg.attn_gate, sink=cfg.attn_sink),
             FFN.build(cfg.ffn, context),
             functools.partial(NORM.build, cfg.norm, context),
             CrossAttention(*attn_args, layer=layer, qk_norm=qk_norm, softcap=cfg.attn_softcap) if cross else None,

@@ -16,7 +16,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from archsweep.variants.attention import ATTENTION
+from archsweep.variants.attention import ATTENTION, GATES, SINKS
 from archsweep.variants.ffn import FFN
 from archsweep.variants.model import CAUSAL, KIND, kinds_of
 from archsweep.variants.norm import NORM, NORM_TYPES
@@ -56,7 +56,7 @@ class ModelConfig:
 
     # a variant field: its registry in the field's metadata (a new axis is one such field, a registry, a group)
     norm: str | dict[str, Any] = dataclasses.field(default=NORM.default, metadata={"registry": NORM})  # placement
-    norm_type: str = "layernorm"  # layernorm | rmsnorm
+    norm_type: str = "layernorm"  # layernorm | rmsnorm | dyt (Dynamic Tanh: no normalisation)
     norm_eps: float = 1e-5
     norm_bias: bool = True  # LayerNorm's additive bias (beta); false: LayerNorm without bias (RMSNorm has none)
     pos: str | dict[str, Any] = dataclasses.field(default=POS.default, metadata={"registry": POS})
@@ -89,6 +89,8 @@ class ModelConfig:
     z_loss: float = 0.0  # weight of the auxiliary loss log(Z)^2 of the output softmax (PaLM: 1e-4)
     value_residual: str | None = None  # fixed | learnable: v_n <- l1 v_n + l2 v_1 (ResFormer, Zhou et al. 2024)
     value_residual_lambda: float = 0.5  # lambda2 (lambda1 = 1 - lambda2): fixed, or the learnable ones' start
+    attn_gate: str = "none"  # headwise | elementwise: sigmoid gate on each head's output (Qiu et al. 2025)
+    attn_sink: str = "none"  # learned | off_by_one: a sink logit per head in the softmax denominator (gpt-oss)
 
     # multi-token prediction (DeepSeek-V3): sequential modules predicting tokens t+2 .. t+1+mtp in training only
     mtp: int = 0  # prediction depths (modules); 0: off
@@ -216,6 +218,8 @@ class ModelConfig:
             raise ValueError(f"z_loss={self.z_loss!r} must be a weight >= 0 (PaLM: 1e-4; 0 turns it off)")
         if self.value_residual is not None:
             check_choice("value_residual", self.value_residual, list(VALUE_RESIDUALS))
+        check_choice("attn_gate", self.attn_gate, GATES)
+        check_choice("attn_sink", self.attn_sink, SINKS)
         lam = self.value_residual_lambda
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= lam <= 1.0:
             raise ValueError(f"value_residual_lambda={lam!r} must be a number in [0, 1], the weight of the first "

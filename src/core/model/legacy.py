@@ -36,6 +36,10 @@ FLAT_OPTIONS = {
     "gated_d_ff": ("ffn", "gated_d_ff"),
 }
 AXES = ("norm", "pos", "ffn")
+# options added later with a default that computes something else than before: a variant spec written before the
+# option existed (it lacks the key; specs written since carry every option) keeps what it computed then, where the
+# spec holds the options with which it acts: (axis, option) -> (former value, {option: value where it acts})
+FORMER_VALUES = {("pos", "p2c_index"): ("paper", {}), ("pos", "yarn_ramp"): ("paper", {"scaling": "yarn"})}
 
 
 def module_path(name: str) -> str:
@@ -56,6 +60,28 @@ def _rename_targets(node: Any) -> Any:
 
 def upgrade_model_fields(fields: dict[str, Any]) -> dict[str, Any]:
     """Old flat model fields -> today's: each variant as {"name", its options}; other keys unchanged."""
+    return keep_former_values(flat_to_specs(fields))
+
+
+def keep_former_values(fields: dict[str, Any]) -> dict[str, Any]:
+    """A variant spec without an option of `FORMER_VALUES` that its variant takes, holding the options with which
+    it acts, gets the former value."""
+    from archsweep.core.model.config import AXES as REGISTRIES
+
+    out = fields
+    for (axis, option), (value, acts) in FORMER_VALUES.items():
+        spec = fields.get(axis)
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or option in spec:
+            continue
+        if any(spec.get(key) != wanted for key, wanted in acts.items()):
+            continue
+        if option in REGISTRIES[axis].options(REGISTRIES[axis].get(spec["name"])):
+            out = dict(out) if out is fields else out
+            out[axis] = {**spec, option: value}
+    return out
+
+
+def flat_to_specs(fields: dict[str, Any]) -> dict[str, Any]:
     if not any(key in fields for key in FLAT_OPTIONS) and all(not isinstance(fields.get(a), str) for a in AXES):
         return fields
     fields = dict(fields)

@@ -39,6 +39,7 @@ class AttnContext:
     softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2); None: off
     first_values: Tensor | None = None  # value residual: the first layer's new values (B, Hkv, Tq, Dh), set by it
     doc_ids: Tensor | None = None  # (B, Tk) document of every key, cached first; a query sees only its own document
+    sink: Tensor | None = None  # (H,) sink logits of the layer attending now (set by it; gates.py), None: no sink
     memo: dict[Any, Any] = field(default_factory=dict)
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -129,15 +130,19 @@ def repeat_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float,
-           record: list[Tensor] | None, softcap: float | None = None) -> Tensor:
+           record: list[Tensor] | None, softcap: float | None = None, sink: Tensor | None = None) -> Tensor:
     """Softmax attention. q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh).
 
     SDPA, with its own `dropout_p`, on every device. Two things need the probabilities themselves and take the
     explicit path (the same on every device; without dropout its outputs equal SDPA's): `record` (a list: the
     probabilities are appended to it) and `softcap` c, which caps the scores to c * tanh(scores / c) before
-    masking (SDPA has no hook for it). There dropout is `F.dropout` on the probabilities.
+    masking (SDPA has no hook for it). There dropout is `F.dropout` on the probabilities. `sink` (H,): one more
+    logit per head in the denominator (`with_sink`); recorded probabilities leave its share out.
     """
     k, v = repeat_kv(q, k, v)
+    if sink is not None:
+        k, v, mask = with_sink(q, k, v, mask, is_causal, sink)
+        is_causal = False
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
     if record is None and softcap is None:
@@ -150,9 +155,30 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     probs = scores.softmax(dim=-1)
+    if sink is not None:  # the sink column's value is zero: dropping it changes no output
+        probs, v = probs[..., :-1], v[..., :-1, :]
     if record is not None:
         record.append(probs.detach())
     return F.dropout(probs, dropout, training=dropout > 0) @ v
+
+
+def with_sink(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+              sink: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One more key per head, always visible, with key and value zero and score sink[h] (H,): k, v (..., Tk + 1,
+    Dh) and a float mask (..., Tq, Tk + 1) whose last column is the sink logit. The sink's score comes only from
+    the mask, after every bias and masking term (ALiBi, padding, documents, windows), so they leave it alone."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    if is_causal:
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+    if mask is None:
+        mask = q.new_zeros(tq, tk)
+    elif mask.dtype == torch.bool:
+        mask = q.new_zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    column = sink.to(q.dtype).view(1, -1, *([1] * (q.dim() - 2)))  # (1, H, 1, 1): heads on q's dim 1
+    lead = torch.broadcast_shapes(mask.shape[:-1], column.shape[:-1])
+    mask = torch.cat([mask.to(q.dtype).expand(*lead, tk), column.expand(*lead, 1)], dim=-1)  # (..., Tq, Tk + 1)
+    zero_k, zero_v = k.new_zeros(*k.shape[:-2], 1, k.shape[-1]), v.new_zeros(*v.shape[:-2], 1, v.shape[-1])
+    return torch.cat([k, zero_k], dim=-2), torch.cat([v, zero_v], dim=-2), mask
 
 
 class AttentionKernel(nn.Module):

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend
+from archsweep.variants.attention.gates import AttentionSink, OutputGate
 from archsweep.variants.cache import KVCache
 from archsweep.variants.flops import Shape, children_flops, linear_flops
 
@@ -53,12 +54,16 @@ class SelfAttention(Attention):
     values with the first layer's, v_n <- lambda1 v_n + lambda2 v_1, before attending (so the KV cache and every
     attention kind see the mixed values). "fixed": lambda1 = 1 - lambda2, lambda2 = `value_lambda` (the paper's
     1/2, 1/2); "learnable" (the paper's Learnable-ResFormer; modded-nanogpt learns them too): two scalars per
-    layer, starting there; None: off."""
+    layer, starting there; None: off. `gate` and `sink` (gates.py): an output gate per head or channel, and a sink
+    logit per head in the softmax denominator; "none": off."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
                  kernel: AttentionKernel, qk_norm: Callable[[int], nn.Module] | None = None,
-                 value_residual: str | None = None, value_lambda: float = 0.5) -> None:
+                 value_residual: str | None = None, value_lambda: float = 0.5, gate: str = "none",
+                 sink: str = "none") -> None:
         super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, qk_norm)
+        self.gate = OutputGate(d_model, n_heads, self.head_dim, gate, bias) if gate != "none" else None
+        self.sink = AttentionSink(n_heads, self.head_dim, sink) if sink != "none" else None
         if kernel.projects:  # latent attention: the kind projects the input and its output itself
             self.qkv_proj = self.out_proj = None
         else:
@@ -72,6 +77,7 @@ class SelfAttention(Attention):
             self.register_buffer("value_lambdas", lambdas, persistent=False)
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
+        ctx.sink = self.sink.logits if self.sink is not None else None
         if self.qkv_proj is None:
             return self.kernel.project_attend(x, ctx, self.p_drop(), self.record)
         q, k, v = self.split_qkv(self.qkv_proj(x))
@@ -80,7 +86,8 @@ class SelfAttention(Attention):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.value_residual is not None:
             v = self.mix_values(v, ctx)
-        return self.merge_heads(self.kernel(q, k, v, ctx, self.p_drop(), self.record))
+        y = self.kernel(q, k, v, ctx, self.p_drop(), self.record)  # (B, H, T, Dh)
+        return self.merge_heads(y if self.gate is None else self.gate(x, y))
 
     def split_qkv(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, (H + 2 Hkv) Dh) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh); the same values either way."""

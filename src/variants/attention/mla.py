@@ -116,7 +116,7 @@ class LatentAttention(AttentionKernel):
         k = torch.cat([k_nope, k_rot.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1)  # (B, H, Tk, nope + rope)
         q = torch.cat([q_nope, q_rot], dim=-1)
         mask, is_causal = ctx.layer_mask(q, k, self.layer)
-        y = attend(q, k, v, mask, is_causal, dropout, record, ctx.softcap)  # (B, H, T, v)
+        y = attend(q, k, v, mask, is_causal, dropout, record, ctx.softcap, ctx.sink)  # (B, H, T, v)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.v_dim))
 
     def value_output_weights(self) -> list[Tensor]:

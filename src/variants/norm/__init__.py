@@ -5,4 +5,4 @@ A new placement is one file here with `@NORM.register("<name>")` on its class, a
 from archsweep.variants.registry import Registry
 
 NORM: Registry = Registry("norm", __name__, default="post")
-NORM_TYPES = ("layernorm", "rmsnorm")  # the norm type, a choice separate from the placement
+NORM_TYPES = ("layernorm", "rmsnorm", "dyt")  # the norm type, a choice separate from the placement

@@ -2,7 +2,9 @@
 
 Every wrapper applies dropout to the sublayer output before the residual add, as the 2017 paper does. The norm
 type (LayerNorm, Ba et al. 2016; RMSNorm, Zhang & Sennrich 2019: no mean-centering, no bias) is a separate
-choice (`norm_type`), handed to the placement as a factory.
+choice (`norm_type`), handed to the placement as a factory; `dyt` (Dynamic Tanh, Zhu et al. 2025, "Transformers
+without Normalization", arXiv 2503.10622) stands in for a norm with no statistics at all: gamma * tanh(alpha x) +
+beta.
 
 A new placement is one file in this folder, `@NORM.register("<name>")` on its class, and `conf/norm/<name>.yaml`.
 """
@@ -29,9 +31,28 @@ class LayerNorm(nn.LayerNorm):
         return torch.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
+class DynamicTanh(nn.Module):
+    """DyT(x) = gamma * tanh(alpha x) + beta (Zhu et al. 2025, equation 1): alpha one learnable scalar (the paper's
+    default start 0.5), gamma and beta per channel (ones, zeros; beta only with `bias`). No eps: nothing is divided."""
+
+    def __init__(self, d: int, bias: bool = True, alpha: float = 0.5) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(alpha))
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.tanh(self.alpha * x) * self.weight
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, bias={self.bias is not None}"
+
+
 NORM_MODULES: dict[str, Callable[[int, float, bool], nn.Module]] = {
     "layernorm": lambda d, eps, bias: LayerNorm(d, eps=eps, bias=bias),
     "rmsnorm": lambda d, eps, bias: nn.RMSNorm(d, eps=eps),  # no bias in any case
+    "dyt": lambda d, eps, bias: DynamicTanh(d, bias=bias),  # model.norm_bias keeps or drops beta; eps unused
 }
 
 

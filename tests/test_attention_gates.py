@@ -1,0 +1,223 @@
+"""Attention output gates (Qiu et al. 2025), attention sinks (gpt-oss; off-by-one softmax) and Dynamic Tanh (Zhu et
+al. 2025): each against its reference (the paper's equations written out here; Hugging Face's gpt-oss attention),
+with the KV cache, on every path of the attention kinds that form scores, in the FLOP count, and refused where it
+cannot apply."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from cache_check import assert_cached_decoding_equals_full_forward
+
+from archsweep.core.model.build import ModelConfig, build_model, flop_count
+from archsweep.variants.attention.base import AttnContext, attend
+from archsweep.variants.attention.full import FullAttention
+from archsweep.variants.attention.layers import SelfAttention, capture_attention
+from archsweep.variants.flops import Shape
+from archsweep.variants.norm.base import DynamicTanh, make_norm
+from archsweep.variants.pos.rotary import Rotary
+
+VOCAB = 23
+
+
+def tiny(kind: str = "decoder_only", **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = dict(kind=kind, vocab_size=VOCAB, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64, dropout=0.0,
+               norm="pre", pos="rotary")
+    cfg.update(overrides)
+    return build_model(ModelConfig(**cfg)).eval()
+
+
+def tokens(b: int, t: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def layer(gate: str = "none", sink: str = "none", bias: bool = True) -> SelfAttention:
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 4, 2, 0.0, bias, layer=0, kernel=FullAttention(0), gate=gate, sink=sink).eval()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return attn
+
+
+def context(t: int, rope: Rotary, pad_mask: torch.Tensor | None = None) -> AttnContext:
+    return AttnContext(pad_mask, True, t, t, torch.arange(t)[None], rope.rotate_qk, lambda q, k, d: None, None,
+                       torch.device("cpu"))
+
+
+@pytest.mark.parametrize("gate", ["headwise", "elementwise"])
+def test_the_gate_is_the_papers_sigmoid_of_the_layer_input_on_each_heads_output(gate):
+    attn, rope = layer(gate=gate), Rotary(4)
+    x = torch.randn(2, 6, 16)
+    b, t, h, dh = 2, 6, 4, 4
+    q, k, v = attn.qkv_proj(x).split([16, 8, 8], dim=-1)  # Q = X W_Q, K = X W_K, V = X W_V
+    q, k, v = (y.view(b, t, -1, dh).transpose(1, 2) for y in (q, k, v))
+    q, k = rope.rotate_qk(q, k, torch.arange(t)[None])
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # 2 query heads per key/value head
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
+    y = scores.softmax(-1) @ v  # (B, H, T, Dh): SDPA's output, the gate's position G1
+    g = torch.sigmoid(x @ attn.gate.gate_proj.weight.T + attn.gate.gate_proj.bias)  # sigma(X W_theta)
+    g = g.view(b, t, h, -1).transpose(1, 2)  # one score per head (headwise) or per channel (elementwise)
+    assert g.shape[-1] == (1 if gate == "headwise" else dh)
+    expected = attn.out_proj((y * g).transpose(1, 2).reshape(b, t, h * dh))  # Y' = Y . sigma(X W_theta), then W_O
+    torch.testing.assert_close(attn(x, context(t, rope)), expected)
+
+
+def gpt_oss_attention(attn: SelfAttention):
+    """Hugging Face's gpt-oss attention (eager, its sink softmax) with this layer's weights."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
+
+    config = transformers.GptOssConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                                       num_hidden_layers=1, layer_types=["full_attention"], attention_bias=True,
+                                       attention_dropout=0.0, attn_implementation="eager")
+    ref = GptOssAttention(config, 0).eval()
+    with torch.no_grad():
+        for part, w, b in zip((ref.q_proj, ref.k_proj, ref.v_proj), attn.qkv_proj.weight.split([16, 8, 8]),
+                              attn.qkv_proj.bias.split([16, 8, 8]), strict=True):
+            part.weight.copy_(w)
+            part.bias.copy_(b)
+        ref.o_proj.weight.copy_(attn.out_proj.weight)
+        ref.o_proj.bias.copy_(attn.out_proj.bias)
+        ref.sinks.copy_(attn.sink.logits)
+    return ref
+
+
+@pytest.mark.parametrize("sink", ["learned", "off_by_one"])
+def test_the_sink_equals_hugging_face_gpt_oss_attention(sink):
+    attn, rope = layer(sink=sink), Rotary(4)
+    if sink == "off_by_one":
+        assert not any("sink" in name for name, _ in attn.named_parameters()) and attn.sink.logits.eq(0).all()
+    else:
+        with torch.no_grad():
+            attn.sink.logits.copy_(torch.tensor([-2.0, 0.0, 1.5, 4.0]))  # one sink taking most of the weight
+    ref = gpt_oss_attention(attn)
+    t = 7
+    x = torch.randn(2, t, 16)
+    pad = torch.ones(2, t, dtype=torch.bool)
+    pad[1, :2] = False  # a left-padded row
+    keep = torch.ones(t, t).tril().bool() & pad[:, None, None, :]  # (B, 1, T, T)
+    mask = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    cos, sin = rope.cos_sin(torch.arange(t)[None], torch.float32)  # (1, 1, T, Dh): each half repeated
+    with torch.no_grad():
+        expected, _ = ref(x, (cos[:, 0, :, :2], sin[:, 0, :, :2]), mask)  # gpt-oss rotates halves as we do
+        ours = attn(x, context(t, rope, pad))
+    real = pad  # pads before the prompt see no key: gpt-oss gives them the sink alone, we every key (ignored)
+    torch.testing.assert_close(ours[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_the_sink_is_one_more_logit_in_the_denominator_on_the_sdpa_and_the_explicit_paths():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    sink = torch.tensor([0.0, 1.0, -1.0])
+    scores = q @ k.transpose(-1, -2) / 2.0
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    e = scores.exp().masked_fill(~causal, 0.0)
+    probs = e / (e.sum(-1, keepdim=True) + sink.exp()[:, None, None])  # exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij))
+    record: list[torch.Tensor] = []
+    for is_causal, mask in ((True, None), (False, causal), (False, torch.zeros(5, 5).masked_fill(~causal, -math.inf))):
+        torch.testing.assert_close(attend(q, k, v, mask, is_causal, 0.0, None, sink=sink), probs @ v)
+    torch.testing.assert_close(attend(q, k, v, causal, False, 0.0, record, sink=sink), probs @ v)  # explicit path
+    torch.testing.assert_close(record[0], probs)  # recorded without the sink's share: rows sum to 1 - p_sink
+    capped = attend(q, k, v, causal, False, 0.0, None, softcap=1e9, sink=sink)
+    torch.testing.assert_close(capped, probs @ v, atol=1e-5, rtol=1e-5)
+
+
+OPTIONS = [dict(attn_gate="headwise"), dict(attn_gate="elementwise"), dict(attn_sink="learned"),
+           dict(attn_sink="off_by_one", pos="alibi"), dict(attn_gate="elementwise", attn_sink="learned", pos="deberta"),
+           dict(attn_sink="learned", attention={"name": "sliding_window", "window": 4}),
+           dict(attn_gate="headwise", norm_type="dyt", attention={"name": "sliding_window", "window": 3})]
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("kind", ["decoder_only", "encoder_decoder"])
+def test_cached_decoding_equals_the_full_forward(kind, options):
+    model = tiny(kind, **options)
+    with torch.no_grad():  # sinks away from their zero start
+        for module in model.modules():
+            if getattr(module, "sink", None) is not None and isinstance(module.sink.logits, torch.nn.Parameter):
+                module.sink.logits.normal_()
+    assert_cached_decoding_equals_full_forward(model, kind, tokens(2, 10), tokens(2, 7, seed=4))
+
+
+@pytest.mark.parametrize("attention", [{"name": "sliding_window", "window": 3}, "full"])
+def test_with_a_sink_every_path_of_a_kind_gives_the_same_outputs(attention):
+    """Sliding windows take the blocked form without recording, the dense one while recording; full attention SDPA
+    and the explicit path: the same outputs, with padding."""
+    model = tiny("decoder_only", attn_sink="learned", attention=attention, pos="alibi")
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, SelfAttention):
+                module.sink.logits.normal_()
+    x, pad = tokens(2, 11), torch.ones(2, 11, dtype=torch.bool)
+    pad[0, 8:] = False
+    with torch.no_grad():
+        fast = model(x, pad_mask=pad)
+        with capture_attention(model) as maps:
+            recorded = model(x, pad_mask=pad)
+    torch.testing.assert_close(recorded[pad], fast[pad], atol=1e-5, rtol=1e-5)  # a pad query's output is ignored
+    probs = next(iter(maps.values()))[0]
+    assert probs.shape == (2, 4, 11, 11) and (probs.sum(-1) < 1).all()  # the sink takes a share of every row
+
+
+def test_a_learned_sink_learns_and_gates_get_gradients():
+    model = tiny(attn_sink="learned", attn_gate="elementwise").train()
+    sinks = [n for n, _ in model.named_parameters() if n.endswith("sink.logits")]
+    assert len(sinks) == 2  # one (H,) vector per layer
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = tokens(4, 12)
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:])
+        optimiser.zero_grad()
+        loss.backward()
+        assert model.decoder.blocks[0].self_attn.gate.gate_proj.weight.grad.abs().sum() > 0
+        optimiser.step()
+    assert model.decoder.blocks[0].self_attn.sink.logits.abs().min() > 0  # moved from its zero start
+
+
+def test_the_flop_count_adds_the_gate_projection_and_the_sink_key():
+    shape = Shape(batch=2, length=9, causal=True)
+    base = dict(kind="decoder_only", vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=3, d_ff=64)
+    plain = flop_count(ModelConfig(**base), shape)
+    d, h, dh, layers, n = 32, 4, 8, 3, shape.tokens
+    assert flop_count(ModelConfig(**base, attn_gate="headwise"), shape) - plain == 2 * d * h * n * layers
+    assert flop_count(ModelConfig(**base, attn_gate="elementwise"), shape) - plain == 2 * d * h * dh * n * layers
+    for sink in ("learned", "off_by_one"):  # one more key per query: its score and its value, 4 H Dh
+        assert flop_count(ModelConfig(**base, attn_sink=sink), shape) - plain == 4 * h * dh * n * layers
+
+
+def test_dynamic_tanh_is_gamma_tanh_alpha_x_plus_beta():
+    dyt = make_norm("dyt", 8, 1e-5)
+    assert isinstance(dyt, DynamicTanh) and dyt.alpha.shape == () and dyt.alpha.item() == 0.5  # the paper's start
+    with torch.no_grad():
+        dyt.weight.normal_()
+        dyt.bias.normal_()
+        dyt.alpha.fill_(1.7)
+    x = torch.randn(3, 5, 8) * 4
+    torch.testing.assert_close(dyt(x), dyt.weight * torch.tanh(1.7 * x) + dyt.bias)  # DyT(x) = gamma tanh(a x) + b
+    assert make_norm("dyt", 8, 1e-5, bias=False).bias is None  # model.norm_bias=false drops beta
+
+
+@pytest.mark.parametrize("norm", ["post", "pre", "sandwich", "deepnorm", "parallel"])
+def test_dyt_replaces_every_norm_of_every_placement(norm):
+    model = tiny(norm=norm, norm_type="dyt", qk_norm="dyt").train()
+    norms = [m for m in model.modules() if isinstance(m, DynamicTanh)]
+    assert norms and not any(isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for m in model.modules())
+    assert all(m.alpha.item() == 0.5 for m in norms)  # initialisation leaves alpha at the paper's 0.5
+    x = tokens(2, 7)
+    model(x).logsumexp(-1).mean().backward()
+    assert all(m.alpha.grad is not None and m.alpha.grad != 0 for m in norms)
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(attn_gate="yes"), "attn_gate='yes' is not a known option; valid options: none, headwise, elementwise"),
+    (dict(attn_sink="always"), "attn_sink='always' is not a known option; valid options: none, learned, off_by_one"),
+    (dict(norm_type="tanh"), "norm_type='tanh' is not a known option; valid options: layernorm, rmsnorm, dyt"),
+    (dict(attn_sink="off_by_one", attention="performer"),
+     r"attn_sink=off_by_one adds a logit to the softmax over the score matrix Q K\^T, which attention=performer never "
+     r"forms .*; set attn_sink=none or choose attention=")])
+def test_bad_options_are_refused_naming_the_field(options, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**options)
