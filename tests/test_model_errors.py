@@ -21,7 +21,7 @@ def cfg(**overrides) -> ModelConfig:
     (dict(pos="rope"), r"pos='rope' is not a known option; valid options: alibi, deberta, learned, none, relative, "
                        r"rotary, shaw, sincos2d, sinusoidal, xpos"),
     (dict(norm="prenorm"), r"norm='prenorm' is not a known option.*did you mean 'pre'"),
-    (dict(ffn="swish"), r"ffn='swish' is not a known option; valid options: geglu, gelu, relu, relu2, swiglu"),
+    (dict(ffn="swish"), r"ffn='swish' is not a known option; valid options: geglu, gelu, moe, relu, relu2, swiglu"),
     (dict(kind="gpt"), r"kind='gpt' is not a known option; valid options: decoder_only, encoder_decoder, encoder_only"),
     (dict(norm_type="batchnorm"), r"norm_type='batchnorm'.*layernorm, rmsnorm"),
     (dict(init="kaiming"), r"init='kaiming'.*xavier, gpt2"),
