@@ -117,6 +117,30 @@ def refuse_bad_overrides(config_name: str) -> None:
         raise SystemExit(f"error: {problem}")
 
 
+def override_args(argv: list[str]) -> list[str]:
+    """The arguments of `argv` that are overrides (not flags nor a flag's value)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip or arg.startswith("-"):
+            skip = not skip and (arg in FLAGS_WITH_VALUE
+                                 or (arg == "--info" and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS))
+            continue
+        out.append(arg)
+    return out
+
+
+def refuse_uncomposable(config_name: str) -> None:
+    """Hydra's composition errors (`norm=prex`, `model.d_modle=3`, `-m norm=pre,pst`) as one line naming the
+    argument, before Hydra's main makes a run or sweep directory (src/composition.py)."""
+    from archsweep.composition import NOT_CHECKED, composition_error
+
+    if any(a in NOT_CHECKED for a in sys.argv[1:]):
+        return
+    problem = composition_error(override_args(sys.argv[1:]), CONF, config_name)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+
+
 def missing_values(cfg: DictConfig) -> str | None:
     """One line naming the mandatory (`???`) settings left unset, each with an example."""
     missing = sorted(OmegaConf.missing_keys(cfg))
@@ -178,6 +202,7 @@ def train(start_time: float | None = None) -> None:
     START = start_time or START
     refuse_bad_overrides("train")
     continue_run()
+    refuse_uncomposable("train")
     _train()
 
 
@@ -212,6 +237,7 @@ def continue_run() -> None:
 def generate() -> None:
     """Decode from a train.py checkpoint (docs/decoding.md)."""
     refuse_bad_overrides("generate")
+    refuse_uncomposable("generate")
     _generate()
 
 
@@ -226,6 +252,7 @@ def evaluate() -> None:
     evaluation)."""
     refuse_bad_overrides("evaluate")
     sys.argv[1:] = task_overrides_without_plus(sys.argv[1:])
+    refuse_uncomposable("evaluate")
     _evaluate()
 
 
