@@ -49,22 +49,23 @@ REFUSED = [
      r"schedule.total_steps=100 must exceed schedule.warmup_steps=100 for the cosine schedule"),
     (["budget.flops=1e12", "budget.tokens=1e6"], r"budget.flops and budget.tokens both set: give one of them"),
 ]
-# A value of the wrong type, or a key the group's schema lacks, is refused by Hydra while composing, naming the key
+# A value of the wrong type, or a key the group's schema lacks, is refused by Hydra while composing: one line naming
+# the argument (src/composition.py)
 COMPOSE_REFUSED = [
-    (["optim.lr=abc"], "Value 'abc' of type 'str' could not be converted to Float", "optim.lr"),
-    (["decoding.beam_size=x"], "Value 'x' of type 'str' could not be converted to Integer", "decoding.beam_size"),
-    (["schedule.warmup_steps=soon"], "could not be converted to Integer", "schedule.warmup_steps"),
-    (["trainer.max_steps=1e3x"], "could not be converted to Integer", "trainer.max_steps"),
-    (["diagnostics.spike_factor=high"], "could not be converted to Float", "diagnostics.spike_factor"),
-    (["optim.lrr=0.1"], "Key 'lrr' not in 'AdamWSchema'", "optim.lrr"),
+    (["optim.lr=abc"], "optim.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
+    (["decoding.beam_size=x"], "decoding.beam_size=x: Value 'x' of type 'str' could not be converted to Integer"),
+    (["schedule.warmup_steps=soon"], "schedule.warmup_steps=soon: Value 'soon' of type 'str' could not be converted"),
+    (["trainer.max_steps=1e3x"], "trainer.max_steps=1e3x: Value '1e3x' of type 'str' could not be converted"),
+    (["diagnostics.spike_factor=high"], "diagnostics.spike_factor=high: Value 'high' of type 'str' could not be"),
+    (["optim.lrr=0.1"], "optim.lrr=0.1: optim has no setting 'lrr' (did you mean lr?); the settings of optim: "),
 ]
 
 
-@pytest.mark.parametrize("args,message,key", COMPOSE_REFUSED, ids=[" ".join(a) for a, _, _ in COMPOSE_REFUSED])
-def test_a_value_of_the_wrong_type_is_refused_when_composing(tmp_path, args, message, key):
+@pytest.mark.parametrize("args,message", COMPOSE_REFUSED, ids=[" ".join(a) for a, _ in COMPOSE_REFUSED])
+def test_a_value_of_the_wrong_type_is_refused_when_composing(tmp_path, args, message):
     out = run("train.py", *args, f"output_root={tmp_path}")
     assert out.returncode == 1, out.stderr[-2000:]
-    assert message in out.stderr and f"full_key: {key}" in out.stderr, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith(f"error: {message}"), out.stderr[-2000:]
     assert not (tmp_path / "runs").exists(), "refused before the run directory is made"
 
 
