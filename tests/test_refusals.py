@@ -179,3 +179,28 @@ def test_a_full_disk_while_writing_a_checkpoint_names_the_file_and_keeps_the_old
             and f"Free {(size - 2**17) / 2**20:.1f} MiB or more there" in message), message
     assert checkpoint.safe_load(path) == {"step": 1}
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]
+
+
+WRITER_FAILED = ("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: file "
+                 "write failed")
+
+
+@pytest.mark.parametrize("free, full", [(2**10, True), (2**40, False)])
+def test_torchs_archive_writer_failing_is_a_full_disk_only_when_the_checkpoint_does_not_fit(tmp_path, monkeypatch,
+                                                                                           free, full):
+    path = tmp_path / "checkpoints" / "best.ckpt"
+    real_save = torch.save
+
+    def failing_save(obj, f, *args, **kwargs):  # what torch raises when its writer hits a full disk
+        if isinstance(f, io.BufferedWriter):
+            f.write(b"partial")
+            raise RuntimeError(WRITER_FAILED)
+        return real_save(obj, f, *args, **kwargs)  # serialised into a byte counter: the size it needs
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: SimpleNamespace(free=free))
+    expected = (OSError, rf"cannot write the checkpoint {path}: the disk is full \(best.ckpt needs [\d.]+ KiB, "
+                         rf"{path.parent} has 1.0 KiB free\)") if full else (RuntimeError, re.escape(WRITER_FAILED))
+    with pytest.raises(expected[0], match=expected[1]):
+        checkpoint.atomic_save({"weights": torch.arange(1000)}, path)
+    assert list(path.parent.iterdir()) == []  # the partial temporary file removed

@@ -149,12 +149,17 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
-        if not _disk_full(e):
+        # torch's archive writer can fail as `[enforce fail at inline_container.cc:...] ... file write failed`,
+        # without the cause: taken for a full disk when the checkpoint does not fit in the space left
+        writer_failed = isinstance(e, RuntimeError) and "inline_container" in str(e)
+        if not (_disk_full(e) or writer_failed):
             raise
         import shutil
 
         tmp.unlink(missing_ok=True)  # before measuring: the partial file's space is free again
         free, needed = shutil.disk_usage(path.parent).free, saved_size(obj)
+        if not _disk_full(e) and needed <= free:
+            raise
         short = f"{_size(needed - free)} or more" if needed > free else "some space"
         raise OSError(errno.ENOSPC, f"cannot write the checkpoint {path}: the disk is full ({path.name} needs "
                                     f"{_size(needed)}, {path.parent} has {_size(free)} free); the previous "
