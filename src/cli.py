@@ -105,10 +105,9 @@ def check_overrides(argv: list[str], config_name: str) -> str | None:
 
 
 def close_match(value: str, valid: list[str]) -> str:
-    import difflib
+    from archsweep.composition import near
 
-    close = difflib.get_close_matches(value, valid, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return near(value, valid)
 
 
 def refuse_bad_overrides(config_name: str) -> None:

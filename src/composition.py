@@ -26,7 +26,10 @@ NOT_CHECKED = ("--help", "-h", "--hydra-help", "--version", "--info", "-i", "--s
 
 
 def near(value: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(value, valid, n=1, cutoff=0.6)
+    """The did-you-mean: the one option that begins the value or that the value begins (`prenorm`: pre), else the
+    closest by difflib (`sandwch`: sandwich)."""
+    prefix = [v for v in valid if min(len(v), len(value)) >= 2 and (value.startswith(v) or v.startswith(value))]
+    close = prefix if len(prefix) == 1 else difflib.get_close_matches(value, valid, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
 

@@ -46,7 +46,7 @@ REFUSED = [
     (["trainer.max_steps=0"], r"trainer.max_steps=0 must be a positive number of optimiser steps"),
     (["ckpt_path=/nonexistent/x.ckpt"], r"ckpt_path=/nonexistent/x.ckpt: no checkpoint file there"),
     (["ckpt_path=last"], r"ckpt_path=last: no run under .* launched with overrides"),
-    (["norm=prenorm"], r"^error: norm=prenorm: norm has no option 'prenorm' \(did you mean \w+\?\); the options of "
+    (["norm=prenorm"], r"^error: norm=prenorm: norm has no option 'prenorm' \(did you mean pre\?\); the options of "
                        r"norm: deepnorm, parallel, post, pre, sandwich$"),  # Hydra's list of the options kept
     (["model.d_modle=3"], r"^error: model.d_modle=3: model has no setting 'd_modle' \(did you mean d_model\?\); "
                           r"the settings of model: activation_checkpointing, .*$"),
