@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 START = time.time()
 
@@ -135,14 +136,32 @@ def refuse_uncomposable(config_name: str) -> None:
 
     if any(a in NOT_CHECKED for a in sys.argv[1:]):
         return
-    problem = composition_error(override_args(sys.argv[1:]), CONF, config_name)
+    printing = any(a in ("--cfg", "-c") for a in sys.argv[1:])  # shows the config, mandatory values unset included
+    problem = composition_error(override_args(sys.argv[1:]), CONF, config_name, None if printing else missing_values)
     if problem:
         raise SystemExit(f"error: {problem}")
 
 
-def missing_values(cfg: DictConfig) -> str | None:
-    """One line naming the mandatory (`???`) settings left unset, each with an example."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
+def mandatory(tree: Any, prefix: str = "") -> set[str]:
+    """The dotted keys whose value is `???` in a config file read without resolving."""
+    if not isinstance(tree, dict):
+        return {prefix} if tree == "???" else set()
+    return {k for key, value in tree.items() for k in mandatory(value, f"{prefix}{key}" if not prefix
+                                                                  else f"{prefix}.{key}")}
+
+
+def missing_values(cfg: DictConfig, choices: dict[str, str] | None = None, swept: set[str] = frozenset()) -> str | None:
+    """One line naming the mandatory (`???`) settings left unset, each with an example. A global preset's `???`
+    (experiment=rope_scaling's `init_from`) is lost when Hydra merges it over train.yaml's null: the preset files
+    among `choices` (group -> option) are read for them. Settings a sweeper sets (`swept`) count as set."""
+    missing = set(OmegaConf.missing_keys(cfg))
+    for group, option in (choices or {}).items():
+        for folder in config_folders():
+            preset = folder / group / f"{option}.yaml"
+            if preset.is_file() and preset.read_text().startswith("# @package _global_"):
+                missing |= {k for k in mandatory(OmegaConf.to_container(OmegaConf.load(preset), resolve=False))
+                            if OmegaConf.select(cfg, k, throw_on_missing=False) is None}
+    missing = sorted(missing - set(swept))
     if not missing:
         return None
     return "set " + "; ".join(f"{k}, e.g. {EXAMPLES.get(k, k + '=...')}" for k in missing)

@@ -11,7 +11,7 @@ options or settings. Hydra's own overrides (`hydra.*`, `hydra/...`) are left to 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -71,19 +71,32 @@ def combinations(args: list[tuple[str, list[str]]]) -> Iterator[list[tuple[str, 
             yield [*first[:i], (arg, value), *first[i + 1:]]
 
 
-def composition_error(args: list[str], config_dir: str, config_name: str) -> str | None:
-    """One line for the first composition of `args` (override arguments, no flags) that Hydra refuses; None when
-    every one composes."""
+def composition_error(args: list[str], config_dir: str, config_name: str,
+                      missing: Callable[[DictConfig, dict[str, str], set[str]], str | None] | None = None
+                      ) -> str | None:
+    """One line for the first composition of `args` (override arguments, no flags) that Hydra refuses, or, from
+    `missing`, for the mandatory values (`???`) the first leaves unset (`experiment=rope_scaling` without
+    `init_from` would train from scratch); None when every one composes."""
     checked = [(arg, vals) for arg, o in parsed(args) if (vals := values(arg, o)) is not None]
-    if not checked:
-        return None
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         for pairs in combinations(checked):
             try:
-                compose(config_name, overrides=[o for _, o in pairs])
+                cfg = compose(config_name, overrides=[o for _, o in pairs], return_hydra_config=missing is not None)
             except (HydraException, OmegaConfBaseException) as e:
                 return reword(e, pairs, config_name)
+            if missing is not None and (problem := missing(*job_config(cfg))):
+                return problem
+            missing = None  # the first composition's: the others set the same settings
     return None
+
+
+def job_config(cfg: DictConfig) -> tuple[DictConfig, dict[str, str], set[str]]:
+    """(the job's config, the option chosen in each group, the settings a sweeper sets: `hydra.sweeper.params`, as
+    a preset's grid or Optuna search) of a composition made with Hydra's config."""
+    choices = {str(k): str(v) for k, v in (OmegaConf.select(cfg, "hydra.runtime.choices") or {}).items()
+               if v is not None and not str(k).startswith("hydra")}
+    swept = {str(k) for k in (OmegaConf.select(cfg, "hydra.sweeper.params") or {})}
+    return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), choices, swept
 
 
 def key_of(override: str) -> str:

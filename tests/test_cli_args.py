@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from archsweep.cli import CONF, check_overrides, override_args
+from archsweep.cli import CONF, check_overrides, missing_values, override_args
 from archsweep.composition import composition_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +57,15 @@ def test_evaluate_and_generate_know_their_own_settings():
 def test_a_composition_hydra_refuses_is_one_line_naming_the_argument(argv, expected):
     problem = composition_error(override_args(argv), CONF, "train")
     assert problem.startswith(expected) and "\n" not in problem
+
+
+def test_a_presets_mandatory_value_left_unset_is_named_with_an_example():
+    # the preset's `init_from: ???` merges over train.yaml's null, which Hydra keeps: without this check the run
+    # trained from scratch
+    expected = "set init_from, e.g. init_from=outputs/runs/<run>, the run whose weights to start from"
+    assert composition_error(["experiment=rope_scaling"], CONF, "train", missing_values) == expected
+    assert composition_error(["experiment=rope_scaling", "init_from=x"], CONF, "train", missing_values) is None
+    assert composition_error(["prompt=3 1 4"], CONF, "generate", missing_values).startswith("set ckpt, e.g. ckpt=")
 
 
 def test_arguments_that_compose_pass_the_composition_check():
