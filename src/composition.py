@@ -5,7 +5,8 @@ Hydra's own message for `norm=prex` lists the options but not which argument gav
 `+model.d_modle=3`, which adds a key nothing reads. The entry points compose the config once with Hydra's compose API
 before Hydra's main runs (about 0.1 s a composition; a sweep adds one for each further value of a swept setting,
 at most `MAX_EXTRA`), and reword what fails: the argument, a did-you-mean (difflib) and Hydra's list of the valid
-options or settings. Hydra's own overrides (`hydra.*`, `hydra/...`) are left to Hydra.
+options or settings. The first composition is also asked for the mandatory values (`???`) left unset. Hydra's own
+overrides (`hydra.*`, `hydra/...`) are left to Hydra.
 """
 
 from __future__ import annotations
