@@ -6,7 +6,7 @@ Hydra's own message for `norm=prex` lists the options but not which argument gav
 before Hydra's main runs (about 0.1 s a composition; a sweep adds one for each further value of a swept setting,
 at most `MAX_EXTRA`), and reword what fails: the argument, a did-you-mean (difflib) and Hydra's list of the valid
 options or settings. The first composition is also asked for the mandatory values (`???`) left unset. Hydra's own
-overrides (`hydra.*`, `hydra/...`) are left to Hydra.
+overrides (`hydra.*`, `hydra/...`) are left to Hydra, but for `hydra.searchpath`, which adds config folders.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+SEARCHPATH = "hydra.searchpath"  # more config folders: the one Hydra setting the composition needs
 MAX_EXTRA = 12  # compositions for a sweep's further values; the rest are Hydra's to check when the job starts
 NOT_CHECKED = ("--help", "-h", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc",
                "--config-path", "-cp", "--config-dir", "-cd", "--config-name", "-cn", "--experimental-rerun")
@@ -42,7 +43,7 @@ def parsed(args: list[str]) -> list[tuple[str, Override]]:
             override = parser.parse_overrides([arg])[0]
         except HydraException:
             continue  # the argument check (cli.check_overrides) names these
-        if override.key_or_group.split("/")[0].split(".")[0] != "hydra":
+        if override.key_or_group.split("/")[0].split(".")[0] != "hydra" or override.key_or_group == SEARCHPATH:
             out.append((arg, override))
     return out
 
