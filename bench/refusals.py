@@ -1,8 +1,7 @@
 """How long train.py and evaluate.py take to refuse each bad input of issue 15, of the config schemas and each of
 the model's rules across axes (wall time of the whole process, from launch to exit, and the CPU time it used, which a
-busy machine does not inflate), with the first line of each message: `error: ...` from train.py, or Hydra's own (a
-value of the wrong type is refused while composing; its message names the key on a later line, `full_key: ...`,
-shown here after the first).
+busy machine does not inflate), with the first line of each message: `error: ...` from train.py (a value of the
+wrong type is refused while composing, in one line naming the argument: src/composition.py).
 
     python bench/refusals.py            # each case once, after one warm-up launch
     python bench/refusals.py --repeat 3 # the best of three

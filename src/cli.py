@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 START = time.time()
 
@@ -105,10 +106,9 @@ def check_overrides(argv: list[str], config_name: str) -> str | None:
 
 
 def close_match(value: str, valid: list[str]) -> str:
-    import difflib
+    from archsweep.composition import near
 
-    close = difflib.get_close_matches(value, valid, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return near(value, valid)
 
 
 def refuse_bad_overrides(config_name: str) -> None:
@@ -117,9 +117,51 @@ def refuse_bad_overrides(config_name: str) -> None:
         raise SystemExit(f"error: {problem}")
 
 
-def missing_values(cfg: DictConfig) -> str | None:
-    """One line naming the mandatory (`???`) settings left unset, each with an example."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
+def override_args(argv: list[str]) -> list[str]:
+    """The arguments of `argv` that are overrides (not flags nor a flag's value)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip or arg.startswith("-"):
+            skip = not skip and (arg in FLAGS_WITH_VALUE
+                                 or (arg == "--info" and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS))
+            continue
+        out.append(arg)
+    return out
+
+
+def refuse_uncomposable(config_name: str) -> None:
+    """Hydra's composition errors (`norm=prex`, `model.d_modle=3`, `-m norm=pre,pst`) as one line naming the
+    argument, before Hydra's main makes a run or sweep directory (src/composition.py)."""
+    from archsweep.composition import NOT_CHECKED, composition_error
+
+    if any(a in NOT_CHECKED for a in sys.argv[1:]):
+        return
+    printing = any(a in ("--cfg", "-c") for a in sys.argv[1:])  # shows the config, mandatory values unset included
+    problem = composition_error(override_args(sys.argv[1:]), CONF, config_name, None if printing else missing_values)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+
+
+def mandatory(tree: Any, prefix: str = "") -> set[str]:
+    """The dotted keys whose value is `???` in a config file read without resolving."""
+    if not isinstance(tree, dict):
+        return {prefix} if tree == "???" else set()
+    return {k for key, value in tree.items() for k in mandatory(value, f"{prefix}{key}" if not prefix
+                                                                  else f"{prefix}.{key}")}
+
+
+def missing_values(cfg: DictConfig, choices: dict[str, str] | None = None, swept: set[str] = frozenset()) -> str | None:
+    """One line naming the mandatory (`???`) settings left unset, each with an example. A global preset's `???`
+    (experiment=rope_scaling's `init_from`) is lost when Hydra merges it over train.yaml's null: the preset files
+    among `choices` (group -> option) are read for them. Settings a sweeper sets (`swept`) count as set."""
+    missing = set(OmegaConf.missing_keys(cfg))
+    for group, option in (choices or {}).items():
+        for folder in config_folders():
+            preset = folder / group / f"{option}.yaml"
+            if preset.is_file() and preset.read_text().startswith("# @package _global_"):
+                missing |= {k for k in mandatory(OmegaConf.to_container(OmegaConf.load(preset), resolve=False))
+                            if OmegaConf.select(cfg, k, throw_on_missing=False) is None}
+    missing = sorted(missing - set(swept))
     if not missing:
         return None
     return "set " + "; ".join(f"{k}, e.g. {EXAMPLES.get(k, k + '=...')}" for k in missing)
@@ -178,6 +220,7 @@ def train(start_time: float | None = None) -> None:
     START = start_time or START
     refuse_bad_overrides("train")
     continue_run()
+    refuse_uncomposable("train")
     _train()
 
 
@@ -212,6 +255,7 @@ def continue_run() -> None:
 def generate() -> None:
     """Decode from a train.py checkpoint (docs/decoding.md)."""
     refuse_bad_overrides("generate")
+    refuse_uncomposable("generate")
     _generate()
 
 
@@ -226,6 +270,7 @@ def evaluate() -> None:
     evaluation)."""
     refuse_bad_overrides("evaluate")
     sys.argv[1:] = task_overrides_without_plus(sys.argv[1:])
+    refuse_uncomposable("evaluate")
     _evaluate()
 
 

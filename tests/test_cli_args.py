@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from archsweep.cli import check_overrides
+from archsweep.cli import CONF, check_overrides, missing_values, override_args
+from archsweep.composition import composition_error
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_CKPT = ROOT / "tests" / "fixtures" / "pre_rename" / "last.ckpt"
@@ -45,6 +46,34 @@ def test_evaluate_and_generate_know_their_own_settings():
     assert "(did you mean prompt?)" in check_overrides(["ckpt=x", "promt=3"], "generate")
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["norm=prex"], "norm=prex: norm has no option 'prex' (did you mean pre?); the options of norm: deepnorm, "
+                    "parallel, post, pre, sandwich"),
+    (["-m", "seed=0,1", "norm=pre,pst"], "norm=pre,pst: norm has no option 'pst' (did you mean post?); the options"),
+    (["model.d_modle=3"], "model.d_modle=3: model has no setting 'd_modle' (did you mean d_model?); the settings of "
+                          "model: activation_checkpointing,"),
+    (["-m", "optim.lr=1e-3,abc"], "optim.lr=1e-3,abc: Value 'abc' of type 'str' could not be converted to Float"),
+])
+def test_a_composition_hydra_refuses_is_one_line_naming_the_argument(argv, expected):
+    problem = composition_error(override_args(argv), CONF, "train")
+    assert problem.startswith(expected) and "\n" not in problem
+
+
+def test_a_presets_mandatory_value_left_unset_is_named_with_an_example():
+    # the preset's `init_from: ???` merges over train.yaml's null, which Hydra keeps: without this check the run
+    # trained from scratch
+    expected = "set init_from, e.g. init_from=outputs/runs/<run>, the run whose weights to start from"
+    assert composition_error(["experiment=rope_scaling"], CONF, "train", missing_values) == expected
+    assert composition_error(["experiment=rope_scaling", "init_from=x"], CONF, "train", missing_values) is None
+    assert composition_error(["prompt=3 1 4"], CONF, "generate", missing_values).startswith("set ckpt, e.g. ckpt=")
+
+
+def test_arguments_that_compose_pass_the_composition_check():
+    argv = ["-m", "experiment=positional", "pos=rotary,alibi", "hydra/launcher=joblib", "+trainer.detect_anomaly=true"]
+    assert composition_error(override_args(argv), CONF, "train") is None
+    assert composition_error(["ckpt=x", "decoding=beam", "prompt=7"], CONF, "generate") is None
+
+
 def run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
     return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True,
@@ -57,6 +86,15 @@ def test_a_misspelt_setting_stops_train_py_in_one_line_and_leaves_no_run(tmp_pat
     assert out.stderr.strip().splitlines() == [
         "error: +nrom=pre: 'nrom' is not a setting of train.py (did you mean norm?); `python train.py --help` lists "
         "the groups and settings"]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_sweep_hydra_cannot_compose_stops_in_one_line_before_its_sweep_directory(tmp_path):
+    out = run("train.py", "-m", "norm=pre,pst", f"output_root={tmp_path / 'outputs'}", cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "error: norm=pre,pst: norm has no option 'pst' (did you mean post?); the options of norm: deepnorm, parallel, "
+        "post, pre, sandwich"]
     assert not (tmp_path / "outputs").exists()
 
 

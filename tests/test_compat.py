@@ -71,8 +71,21 @@ def test_old_checkpoint_evaluates_to_the_numbers_it_gave_then(tmp_path):
             assert now[split][key] == pytest.approx(trained[split][key], rel=1e-5), (split, key)
 
 
+def recorded_run_dir() -> Path:
+    """The run directory the fixture's checkpoint callback recorded: where the fixture was made, elsewhere."""
+    state = read_checkpoint(FIXTURE / "last.ckpt")["callbacks"]
+    return Path(next(v["dirpath"] for k, v in state.items() if k.startswith("ModelCheckpoint"))).parent
+
+
+def test_the_fixture_records_a_run_directory_outside_the_repository():
+    # what made the resume below fail on any machine but the one that made the fixture (issue 32)
+    assert recorded_run_dir().is_absolute() and not recorded_run_dir().is_relative_to(ROOT)
+
+
 @pytest.mark.slow
 def test_old_checkpoint_resumes(tmp_path):
+    # the callback's state keeps the fixture's best and last paths, outside this test's folder: the run must finish
+    # with checkpoints of its own (without a validation after the resume, no best one: the final weights evaluated)
     ckpt = tmp_path / "old.ckpt"
     shutil.copy(FIXTURE / "last.ckpt", ckpt)
     overrides = [o for o in OmegaConf.load(FIXTURE / "overrides.yaml") if not o.startswith("trainer.max_steps")]
@@ -82,6 +95,9 @@ def test_old_checkpoint_resumes(tmp_path):
     results = json.loads((tmp_path / "resumed" / "results.json").read_text())
     assert results["status"] == "completed" and results["steps"] == 14
     assert results["resumed_from"] == str(ckpt)
+    assert results["best_checkpoint"] in (None, str(tmp_path / "resumed" / "checkpoints" / "best.ckpt"))
+    assert results["last_checkpoint"] == str(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert not any(str(recorded_run_dir()) in line for line in out.stdout.splitlines() + out.stderr.splitlines())
     with open(tmp_path / "resumed" / "metrics.csv") as f:
         steps = [int(row["step"]) for row in csv.DictReader(f)]
     assert steps and min(steps) >= 10  # it continued from step 10, not from scratch

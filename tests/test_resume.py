@@ -48,6 +48,11 @@ def test_resume_becomes_the_saved_overrides_the_extras_and_the_run_directory(tmp
     ("interrupted", ["hydra.run.dir=/tmp/x"], r"with hydra.run.dir=/tmp/x: resume= continues that one run, in its "
                                               r"own directory, from its last checkpoint; leave hydra.run.dir=/tmp/x"),
     ("interrupted", ["ckpt_path=last"], r"leave ckpt_path=last out"),
+    ("interrupted", ["seed=1"], r"with seed=1: that changes the data the run trains on \(it was started with the "
+                                r"config default for seed\); .* leave seed=1 out, or start a new run from its weights "
+                                r"with: python train.py model.d_model=32 .* seed=1 init_from=.*/run$"),
+    ("interrupted", ["task.max_len=20"], r"with task.max_len=20: that changes the data the run trains on"),
+    ("interrupted", ["task=copy"], r"with task=copy: that changes the data"),
     ("completed", [], r"that run completed its 14 steps; to train it further add trainer.max_steps=<more than 14>"),
     ("completed", ["trainer.max_steps=14"], r"that run completed its 14 steps"),
 ])
@@ -60,6 +65,13 @@ def test_resume_refusals_name_the_directory_and_the_fix(tmp_path, setup, extra, 
                  ckpt=setup != "no_checkpoint")
     with pytest.raises(ValueError, match=message):
         expand([f"resume={run}", *extra], "outputs")
+
+
+def test_extras_that_keep_the_data_or_repeat_a_saved_override_are_taken(tmp_path):
+    run = make_run(tmp_path / "run", [*SAVED, "seed=3"])
+    extras = ["seed=3", "task.data_dir=/mnt/moved/data", "task.val_batches=2"]
+    argv, _ = expand([f"resume={run}", *extras], "outputs")
+    assert all(a in argv for a in extras)
 
 
 def test_a_completed_run_is_extended_when_more_steps_are_asked_for(tmp_path):

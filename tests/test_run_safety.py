@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,23 @@ def test_a_run_moved_to_another_folder_resumes_to_completion_with_its_own_checkp
     assert after["last_checkpoint"] == str(moved / "checkpoints" / "last.ckpt")
     assert torch.load(moved / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     assert not first.exists()
+
+
+def test_a_copied_run_resumes_into_its_own_checkpoints_leaving_the_original_as_it_was(tmp_path):
+    original = tmp_path / "original"
+    code, out = train(tmp_path, *QUICK, f"hydra.run.dir={original}")
+    assert code == 0, out[-3000:]
+    before = tree(original)
+    copy = tmp_path / "home" / "copy"
+    shutil.copytree(original, copy)  # the old folder still exists: a stale path would write or delete in it
+    code, out = train(tmp_path, f"resume={copy}", "trainer.max_steps=8")
+    assert code == 0, out[-3000:]
+    after = results(copy)
+    assert after["status"] == "completed" and after["steps"] == 8
+    assert after["best_checkpoint"] == str(copy / "checkpoints" / "best.ckpt")
+    assert after["last_checkpoint"] == str(copy / "checkpoints" / "last.ckpt")
+    assert torch.load(copy / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    assert tree(original) == before
 
 
 def test_launches_at_the_same_moment_never_share_a_directory(tmp_path):

@@ -134,3 +134,25 @@ def test_a_framework_task_from_a_checkpoint_still_evaluates(tmp_path):
     path = write_checkpoint(tmp_path / "good.ckpt")
     report = inference.run_evaluate(evaluate_cfg(path, tmp_path))
     assert report["splits"]["test"]["n"] == 4
+
+
+@pytest.mark.parametrize("member", ["data.pkl", "data/0"])
+def test_a_checkpoint_whose_bytes_changed_in_place_is_refused_naming_the_file_and_member(tmp_path, member):
+    import zipfile
+
+    from archsweep.core.model.checkpoint import check_checkpoint_file
+
+    path = tmp_path / "last.ckpt"
+    torch.save({"weights": torch.arange(4096, dtype=torch.float32), "step": 3}, path)
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(f"/{member}"))
+    data = bytearray(path.read_bytes())
+    local = info.header_offset  # the member's local header: 30 bytes, then its name and extra field (torch's padding)
+    start = local + 30 + int.from_bytes(data[local + 26:local + 28], "little") \
+        + int.from_bytes(data[local + 28:local + 30], "little") + 40  # inside the member's bytes
+    data[start:start + 8] = bytes(b ^ 0x5A for b in data[start:start + 8])  # a bad sector, the size unchanged
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{path} is damaged: last/{member} does not match the checksum"):
+        check_checkpoint_file(path)
+    if member == "data/0":  # what the check is for: torch reads the changed weights without a word
+        assert not torch.equal(torch.load(path, weights_only=True)["weights"], torch.arange(4096, dtype=torch.float32))

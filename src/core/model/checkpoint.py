@@ -26,8 +26,10 @@ class CheckpointError(ValueError):
 
 
 def check_checkpoint_file(path: str | Path) -> None:
-    """A quick look, without torch, that `path` can be a torch.save file: a complete zip archive (a truncated copy
-    has lost the archive's closing directory). CheckpointError otherwise; safe_load checks the rest."""
+    """A look, without torch, that `path` can be a torch.save file: a complete zip archive (a truncated copy has
+    lost the archive's closing directory) whose members match their checksums (torch reads a member whose bytes
+    changed, on a bad disk or in a broken copy, without a word: wrong weights). Reading the archive for the checksums
+    costs about what loading it does (1 GB/s). CheckpointError naming the file otherwise; safe_load checks the rest."""
     import zipfile
 
     path = Path(path)
@@ -37,6 +39,15 @@ def check_checkpoint_file(path: str | Path) -> None:
         raise CheckpointError(f"{path} is not a readable checkpoint (not the zip archive torch.save writes: "
                               f"truncated, e.g. by an interrupted copy, or another kind of file); give a checkpoint "
                               f"written by train.py")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        bad = f"its structure ({e})"
+    if bad is not None:
+        raise CheckpointError(f"{path} is damaged: {bad} does not match the checksum the archive recorded when it "
+                              f"was written (a disk or copy error); use another copy, or the run's other checkpoint "
+                              f"(checkpoints/best.ckpt or last.ckpt)")
 
 
 def safe_load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
@@ -149,12 +160,17 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
-        if not _disk_full(e):
+        # torch's archive writer can fail as `[enforce fail at inline_container.cc:...] ... file write failed`,
+        # without the cause: taken for a full disk when the checkpoint does not fit in the space left
+        writer_failed = isinstance(e, RuntimeError) and "inline_container" in str(e)
+        if not (_disk_full(e) or writer_failed):
             raise
         import shutil
 
         tmp.unlink(missing_ok=True)  # before measuring: the partial file's space is free again
         free, needed = shutil.disk_usage(path.parent).free, saved_size(obj)
+        if not _disk_full(e) and needed <= free:
+            raise
         short = f"{_size(needed - free)} or more" if needed > free else "some space"
         raise OSError(errno.ENOSPC, f"cannot write the checkpoint {path}: the disk is full ({path.name} needs "
                                     f"{_size(needed)}, {path.parent} has {_size(free)} free); the previous "

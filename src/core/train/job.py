@@ -362,6 +362,7 @@ def usable_checkpoint(info: RunInfo) -> Path | None:
         if not path.is_file():
             continue
         try:
+            check_checkpoint_file(path)
             safe_load(path)
             return path
         except CheckpointError as e:

@@ -3,8 +3,9 @@
 Hydra fixes the run directory before any of our code runs, so the command line is rewritten before Hydra composes:
 `resume=<dir> [extra ...]` becomes the run's saved overrides (`<dir>/.hydra/overrides.yaml`), the extras (which win
 over a saved override of the same key), and `ckpt_path=<dir> hydra.run.dir=<dir>`. Extras may change anything but
-the model (e.g. `trainer.max_steps=80`); job.py's check of the checkpoint's model refuses the others, listing the
-saved overrides.
+the model and the data (e.g. `trainer.max_steps=80`): `task=`, `seed=` and a `task.<field>` other than where the data
+lives or how it is evaluated (WHERE_OR_EVAL) are refused here, a model change by job.py's check of the checkpoint's
+model; both list the saved overrides.
 
 The same command re-run after an interrupt continues the run too, by one rule: without `hydra.run.dir`, the newest
 run under `<output_root>/runs` launched with exactly these overrides, when that run was interrupted; with
@@ -30,6 +31,8 @@ from archsweep.core.train.runinfo import override_key
 SAVED = Path(".hydra") / "overrides.yaml"  # what Hydra writes into every run directory
 NOT_SAVED = ("resume", "ckpt_path")  # how a run was resumed, not what it trains
 RUN_DIR = "hydra.run.dir"
+DATA_KEYS = ("task", "seed")  # what the run trains on: the task, its settings, the data stream's seed
+WHERE_OR_EVAL = {"data_dir", "cache_dir", "path", "val_batches", "test_batches", "eval_seed", "long_max_len"}
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # PyYAML without libyaml has only the Python one
 
 
@@ -76,6 +79,18 @@ def resume_args(run_dir: Path, extras: list[str]) -> list[str]:
         if key in (RUN_DIR, "ckpt_path", "overwrite") or arg in ("-m", "--multirun"):
             raise ValueError(f"{value} with {arg}: resume= continues that one run, in its own directory, from its "
                              f"last checkpoint; leave {arg} out")
+    for arg in extras:
+        key = override_key(arg)
+        if key in DATA_KEYS or (key.startswith("task.") and key.split(".", 1)[1] not in WHERE_OR_EVAL):
+            if arg in saved:
+                continue
+            was = next((o for o in saved if override_key(o) == key), None)
+            anew = " ".join([*(o for o in saved if override_key(o) != key), arg])
+            raise ValueError(f"{value} with {arg}: that changes the data the run trains on (it was started with "
+                             f"{was or f'the config default for {key}'}); resume= continues the run as it was "
+                             f"started, with extras that keep its model and data (trainer.max_steps, logger, "
+                             f"task.data_dir, task.val_batches, ...): leave {arg} out, or start a new run from its "
+                             f"weights with: python train.py {anew} init_from={run_dir}")
     status, steps = run_status(run_dir)
     asked = [a.split("=", 1)[1] for a in extras if override_key(a) == "trainer.max_steps" and "=" in a]
     longer = bool(asked) and asked[-1].isdigit() and int(asked[-1]) > (steps or 0)

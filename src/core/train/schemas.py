@@ -1,6 +1,7 @@
 """The schemas of the config groups that are plain settings: dataclasses in Hydra's ConfigStore, so a value of the
 wrong type, or a key the schema lacks, is refused while the config is composed, with the key named (Hydra's
-"Value 'abc' of type 'str' could not be converted to Float / full_key: optim.lr").
+"Value 'abc' of type 'str' could not be converted to Float / full_key: optim.lr", which the entry points give as
+`error: optim.lr=abc: ...`, src/composition.py).
 
 Each option yaml names its schema first in its defaults list (`- /schema_optim_adamw@_here_`, then `- _self_`);
 the blocks of train.yaml (`eval`, `budget`, `diagnostics`) name theirs in train.yaml's defaults
