@@ -17,7 +17,6 @@ from typing import Any
 from archsweep.variants.attention import ATTENTION
 from archsweep.variants.model import IMAGE, kinds_of
 from archsweep.variants.pos import POS
-from archsweep.variants.pos.base import PositionalEncoding
 
 
 @dataclass(frozen=True)
@@ -104,6 +103,8 @@ def attention_takes_the_encoding(c: Choices) -> None:
 def mtp_shares_the_encoding(c: Choices) -> None:
     """model.mtp's modules attend with the stack's positional encoding; one with a table per layer (Shaw, DeBERTa:
     `content_bias`) has none for them."""
+    from archsweep.variants.pos.base import PositionalEncoding  # here: the rules module itself needs no torch
+
     mtp, pos = c.fields.get("mtp", 0), c.classes["pos"]
     if not mtp or pos.content_bias is PositionalEncoding.content_bias:
         return
