@@ -1,0 +1,117 @@
+"""Hugging Face export (`archsweep-export`) and import: logits equal to the `transformers` model's, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from archsweep.core.data.codec import codec_from_state
+from archsweep.core.data.tokenizer import BpeTokenizer
+from archsweep.core.eval.export import export, main
+from archsweep.core.model.build import ModelConfig, build_model
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+VOCAB = 300
+GPT2 = dict(kind="decoder_only", vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, d_ff=128, max_seq_len=32,
+            norm="pre", pos="learned", ffn={"name": "gelu", "approximate": "tanh"}, scale_embedding=False,
+            tie_embeddings=True, init="gpt2")
+LLAMA = dict(kind="decoder_only", vocab_size=VOCAB, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=96,
+             max_seq_len=64, norm="pre", norm_type="rmsnorm", norm_eps=1e-6, pos="rotary", ffn="swiglu", bias=False,
+             scale_embedding=False, tie_embeddings=False)
+
+
+def bpe_codec() -> dict:
+    tok = BpeTokenizer.train(["the cat sat on the mat, the dog sat on the log. " * 20], VOCAB)
+    text = tok.tok.to_str()
+    return {"type": "tokenizer", "src": text, "tgt": text, "seq2seq": False, "pad_id": 0, "bos_id": 1, "eos_id": 2,
+            "sep_id": 3}
+
+
+def save_run(tmp_path, fields: dict, codec: dict | None = None, seed: int = 0):
+    """A checkpoint as train.py writes it (state_dict under `model.`, the config and codec under `archsweep`),
+    with random weights (biases and norms too, so a misplaced one shows)."""
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig(**fields)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "archsweep": {"model_config": model.config.to_dict(), "codec": codec}},
+               run / "checkpoints" / "best.ckpt")
+    return run, model
+
+
+def hf_logits(folder, tokens):
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    with torch.no_grad():
+        return ref(tokens).logits
+
+
+@pytest.mark.parametrize("fields", [
+    pytest.param(GPT2, id="gpt2"),
+    pytest.param({**LLAMA, "pos": {"name": "rotary", "scaling": "linear", "factor": 2.0}}, id="llama-gqa-linear-rope"),
+    pytest.param({**LLAMA, "bias": True, "tie_embeddings": True, "pos": {"name": "rotary", "scaling": "ntk",
+                                                                          "factor": 4.0}}, id="llama-bias-ntk-tied"),
+    pytest.param({**LLAMA, "attention": {"name": "sliding_window", "window": 5}}, id="mistral-window"),
+])
+def test_export_then_from_pretrained_gives_our_logits(tmp_path, fields):
+    run, model = save_run(tmp_path, fields)
+    out = tmp_path / "hf"
+    export(run, out)
+    tokens = torch.randint(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        ours = model(tokens)
+    torch.testing.assert_close(hf_logits(out, tokens), ours, atol=1e-5, rtol=1e-5)
+
+
+def test_export_writes_tokenizer_with_special_tokens(tmp_path):
+    codec = bpe_codec()
+    run, _ = save_run(tmp_path, LLAMA, codec)
+    out = tmp_path / "hf"
+    main([f"ckpt={run}", f"out={out}"])
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    ours = codec_from_state(codec)
+    text = "the cat sat on the log"
+    assert tok(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
+    assert (tok.eos_token, tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == ("[EOS]", 2, 1, 0)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == 2
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({**LLAMA, "norm": "post", "pos": "alibi"}, ["norm=post", "pos=alibi"]),
+    ({**LLAMA, "attention": "performer"}, ["attention=performer"]),
+    ({**GPT2, "scale_embedding": True, "qk_norm": "rmsnorm"}, ["scale_embedding=true", "qk_norm=rmsnorm"]),
+])
+def test_configuration_without_equivalent_is_refused_naming_each_option(tmp_path, fields, named):
+    run, _ = save_run(tmp_path, fields)
+    out = tmp_path / "hf"
+    with pytest.raises(ValueError, match="no exact Hugging Face equivalent") as info:
+        export(run, out)
+    for option in named:
+        assert option in str(info.value)
+    assert not out.exists()
+
+
+def test_encoder_only_checkpoint_is_refused(tmp_path):
+    run, _ = save_run(tmp_path, {**GPT2, "kind": "encoder_only"})
+    with pytest.raises(ValueError, match="kind=encoder_only"):
+        export(run, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_non_empty_out_folder_is_refused_and_kept(tmp_path, capsys):
+    run, _ = save_run(tmp_path, GPT2)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        main([f"ckpt={run}", f"out={out}"])
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
