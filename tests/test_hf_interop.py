@@ -115,3 +115,98 @@ def test_non_empty_out_folder_is_refused_and_kept(tmp_path, capsys):
         main([f"ckpt={run}", f"out={out}"])
     assert "exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+# -- import --------------------------------------------------------------------------------------------------------
+
+def hf_folder(tmp_path, config) -> tuple:
+    """A `transformers` model with random weights (biases and norms too), saved as a model folder."""
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    folder = tmp_path / "published"
+    ref.save_pretrained(folder)
+    return folder, ref
+
+
+HF_CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4),
+    "llama": lambda: transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=64, rope_theta=500.0,
+                                              rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+@pytest.mark.parametrize("name", list(HF_CONFIGS))
+def test_import_then_our_logits_equal_the_hugging_face_models(tmp_path, name):
+    from archsweep.core.model.hf import load_folder_weights, read_folder
+
+    folder, ref = hf_folder(tmp_path, HF_CONFIGS[name]())
+    layout, hf = read_folder(folder)
+    model = build_model(ModelConfig.from_dict({**layout.model_fields(hf), "dropout": 0.0})).eval()
+    load_folder_weights(model, folder)
+    tokens = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), ref(tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_import_keeps_the_runs_weight_free_options_and_refuses_a_clash(tmp_path):
+    from archsweep.core.model.hf import import_fields, read_folder
+
+    folder, _ = hf_folder(tmp_path, HF_CONFIGS["llama"]())
+    layout, hf = read_folder(folder)
+    composed = {**ModelConfig(kind="decoder_only").to_dict(), "pos": {"name": "rotary", "scaling": "ntk",
+                                                                      "factor": 4.0}, "dropout": 0.2}
+    fields = import_fields(composed, layout.model_fields(hf), {"pos.scaling", "pos.factor", "dropout"})
+    cfg = ModelConfig.from_dict(fields)
+    rope = cfg.options("pos")
+    assert (rope["base"], rope["scaling"], rope["factor"]) == (500.0, "ntk", 4.0)  # base: the folder's
+    assert (cfg.d_model, cfg.kv_heads, cfg.norm_type, cfg.dropout) == (32, 2, "rmsnorm", 0.2)
+    with pytest.raises(ValueError, match=r"contradict.*n_layers=6 \(the folder's config.json: 2\).*pos=alibi"):
+        import_fields({**composed, "pos": "alibi"}, layout.model_fields(hf), {"n_layers", "pos"})
+
+
+def test_import_refuses_a_folder_without_weights_and_another_vocabulary(tmp_path):
+    from archsweep.core.train.job import hf_import
+
+    folder, _ = hf_folder(tmp_path, HF_CONFIGS["gpt2"]())
+    fields = ModelConfig(kind="decoder_only").to_dict()
+    with pytest.raises(ValueError, match=f"vocabulary of {VOCAB} ids, the task 65"):
+        hf_import({**fields, "vocab_size": 65}, str(folder), [])
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="no weights"):
+        hf_import({**fields, "vocab_size": VOCAB}, str(folder), [])
+
+
+@pytest.mark.slow
+def test_train_starts_from_a_hugging_face_folder(tmp_path):
+    """train.py model.init_from=<folder>: the folder sets the model (the defaults' post-norm, sinusoidal
+    positions and sizes give way), the checkpoint's logits are the Hugging Face model's (lr ~0); a contradicting
+    option is refused before training."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from archsweep.core.model.checkpoint import load_model
+
+    config = transformers.LlamaConfig(vocab_size=20, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    folder, ref = hf_folder(tmp_path, config)
+    root = Path(__file__).resolve().parents[1]
+    args = [sys.executable, "train.py", "task=reverse", "model=decoder_only", f"model.init_from={folder}",
+            "optim.lr=1e-12", "trainer.max_steps=2", "task.batch_size=8", "task.max_len=8", "task.val_batches=1",
+            "task.test_batches=1", "trainer.val_check_interval=2", "logger=csv", f"hydra.run.dir={tmp_path / 'run'}"]
+    out = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    model = load_model(tmp_path / "run" / "checkpoints" / "best.ckpt")
+    assert (model.config.n_layers, model.config.kv_heads, model.config.choice("norm")) == (2, 2, "pre")
+    tokens = torch.randint(0, 20, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), ref(tokens).logits, atol=1e-5, rtol=1e-5)
+    clash = subprocess.run([*args[:-1], "model.n_layers=3", f"hydra.run.dir={tmp_path / 'clash'}"], cwd=root,
+                           capture_output=True, text=True, timeout=300)
+    assert clash.returncode != 0
+    assert "n_layers=3 (the folder's config.json: 2)" in clash.stdout + clash.stderr
