@@ -10,6 +10,7 @@ model. Needs the `eval` extra (`pip install -e ".[eval]"`).
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import lm_eval.models  # noqa: F401  (lm-eval fills its registry with its own models only while it is empty)
@@ -21,6 +22,7 @@ from lm_eval.api.registry import register_model
 
 from archsweep.core.data.codec import TokenizerCodec, codec_from_state
 from archsweep.core.eval.generation import DecodingConfig, generate
+from archsweep.core.eval.inference import pick_device
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
 
 
@@ -28,12 +30,16 @@ from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoi
 class ArchsweepLM(TemplateLM):
     backend = "causal"
 
-    def __init__(self, ckpt: str, batch_size: int | str = 8, device: str = "cpu",
+    def __init__(self, ckpt: str, batch_size: int | str = 8, device: str = "auto",
                  max_batch_size: int | None = None) -> None:
         super().__init__()
         path = resolve_checkpoint(ckpt, "evaluate")
         state = read_checkpoint(path)
-        self.model = model_from_checkpoint(state, path).to(device).eval()
+        if str(device).startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default is cuda:0
+            logging.getLogger(__name__).warning(f"device={device}, but there is no CUDA device: on the CPU")
+            device = "cpu"
+        self._device = pick_device(str(device))
+        self.model = model_from_checkpoint(state, path).to(self._device).eval()
         cfg = self.model.config
         if cfg.kind != "decoder_only":
             raise ValueError(f"ckpt={path}: lm-eval scores causal language models; this one is kind={cfg.kind} "
@@ -46,7 +52,6 @@ class ArchsweepLM(TemplateLM):
                              f"a tokenizer.json)")
         self.tokenizer = text.tokenizers["tgt"]
         self.codec = codec
-        self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
         self.max_length = cfg.max_seq_len
 
