@@ -210,3 +210,21 @@ def test_train_starts_from_a_hugging_face_folder(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert clash.returncode != 0
     assert "n_layers=3 (the folder's config.json: 2)" in clash.stdout + clash.stderr
+
+
+def test_the_folders_tokenizer_comes_along_and_another_is_refused(tmp_path):
+    """A run on bare token ids takes the folder's tokenizer.json as its codec (generate.py then decodes text); a
+    task with another tokenizer than the folder's is refused."""
+    from archsweep.core.train.fit import folder_codec
+    from archsweep.core.train.setup import ConfigError
+
+    codec = bpe_codec()
+    run, _ = save_run(tmp_path, LLAMA, codec)
+    export(run, tmp_path / "hf")
+    ids = {"type": "ids", "seq2seq": False, "pad_id": 0, "bos_id": 1, "eos_id": 2, "sep_id": 3}
+    taken = folder_codec(ids, tmp_path / "hf")
+    assert codec_from_state(taken).encode("the cat") == codec_from_state(codec).encode("the cat")
+    assert folder_codec(codec, tmp_path / "hf")["tgt"] == codec["tgt"]
+    other = BpeTokenizer.train(["a quite different text for another tokenizer " * 20], VOCAB).tok.to_str()
+    with pytest.raises(ConfigError, match="not the folder's tokenizer.json"):
+        folder_codec({**codec, "src": other, "tgt": other}, tmp_path / "hf")
