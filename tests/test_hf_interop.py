@@ -228,3 +228,17 @@ def test_the_folders_tokenizer_comes_along_and_another_is_refused(tmp_path):
     other = BpeTokenizer.train(["a quite different text for another tokenizer " * 20], VOCAB).tok.to_str()
     with pytest.raises(ConfigError, match="not the folder's tokenizer.json"):
         folder_codec({**codec, "src": other, "tgt": other}, tmp_path / "hf")
+
+
+def test_vit_export_then_from_pretrained_gives_our_logits(tmp_path):
+    """A ViT (8x8 single-channel images, 2x2 patches, a position table longer than the 17 tokens) as
+    ViTForImageClassification, its class names in config.json."""
+    fields = dict(kind="vit", vocab_size=10, n_classes=3, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=20,
+                  image_size=8, patch_size=2, in_channels=1, head_hidden=None, norm="pre", pos="learned", ffn="gelu")
+    run, model = save_run(tmp_path, fields, {"type": "classes", "classes": ["cat", "dog", "owl"], "seq2seq": False})
+    export(run, tmp_path / "hf")
+    ref = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    images = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(ref(pixel_values=images).logits, model(images), atol=1e-5, rtol=1e-5)
+    assert ref.config.id2label == {0: "cat", 1: "dog", 2: "owl"}

@@ -1,7 +1,8 @@
 """`archsweep-export ckpt=<run dir or checkpoint> out=<folder>`: a train.py checkpoint as a Hugging Face model
 folder (`model.safetensors`, `config.json`, `generation_config.json`, and `tokenizer.json` with
 `tokenizer_config.json` where the run has a BPE tokenizer), which `AutoModelForCausalLM.from_pretrained(folder)`
-and `AutoTokenizer.from_pretrained(folder)` load offline. The layouts are in `archsweep.core.model.hf`; a
+and `AutoTokenizer.from_pretrained(folder)` load offline; a ViT as `ViTForImageClassification` with its class
+names. The layouts are in `archsweep.core.model.hf`; a
 configuration without an exact equivalent, or an `out` folder that exists and is not empty, is refused before
 anything is written.
 
@@ -81,9 +82,15 @@ def export(ckpt: str | Path, out: str | Path) -> list[Path]:
     weights = layout.to_hf(cfg, ours)
     codec = state["archsweep"].get("codec")
     config = {"architectures": [layout.architecture], "model_type": layout.model_type, "torch_dtype": "float32",
-              **layout.hf_config(cfg), **{k: v for k, v in generation_config(codec).items() if k != "do_sample"}}
-    texts = {"config.json": json.dumps(config, indent=2),
-             "generation_config.json": json.dumps(generation_config(codec), indent=2), **tokenizer_files(codec)}
+              **layout.hf_config(cfg)}
+    texts = {}
+    if layout.causal:
+        config.update({k: v for k, v in generation_config(codec).items() if k != "do_sample"})
+        texts = {"generation_config.json": json.dumps(generation_config(codec), indent=2), **tokenizer_files(codec)}
+    elif codec and codec.get("type") == "classes":  # an image classifier's label names
+        config["id2label"] = dict(enumerate(codec["classes"]))
+        config["label2id"] = {name: i for i, name in enumerate(codec["classes"])}
+    texts = {"config.json": json.dumps(config, indent=2), **texts}
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
