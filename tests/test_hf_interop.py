@@ -137,14 +137,22 @@ HF_CONFIGS = {
                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                               max_position_embeddings=64, rope_theta=500.0,
                                               rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "mistral": lambda: transformers.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                                                  max_position_embeddings=64, sliding_window=5),
 }
 
 
 @pytest.mark.parametrize("name", list(HF_CONFIGS))
 def test_import_then_our_logits_equal_the_hugging_face_models(tmp_path, name):
+    from safetensors.torch import load_file, save_file
+
     from archsweep.core.model.hf import load_folder_weights, read_folder
 
     folder, ref = hf_folder(tmp_path, HF_CONFIGS[name]())
+    if name == "gpt2":  # the original gpt2 folder's names: without the base model's `transformer.`
+        weights = load_file(str(folder / "model.safetensors"))
+        save_file({k.removeprefix("transformer."): v for k, v in weights.items()}, str(folder / "model.safetensors"))
     layout, hf = read_folder(folder)
     model = build_model(ModelConfig.from_dict({**layout.model_fields(hf), "dropout": 0.0})).eval()
     load_folder_weights(model, folder)

@@ -60,6 +60,7 @@ class Layout:
     architecture: str
     model_type: str
     causal = True  # a language model (generation config, tokenizer); False: an image classifier
+    base_prefix = "model."  # the base model's weights; some published folders store them without it
 
     def refusals(self, cfg: ModelConfig) -> list[str]:
         raise NotImplementedError
@@ -79,7 +80,7 @@ class Layout:
 
 
 class GPT2(Layout):
-    architecture, model_type = "GPT2LMHeadModel", "gpt2"
+    architecture, model_type, base_prefix = "GPT2LMHeadModel", "gpt2", "transformer."
     ACTIVATIONS = {"tanh": "gelu_new", "none": "gelu"}
 
     def refusals(self, cfg: ModelConfig) -> list[str]:
@@ -273,7 +274,7 @@ class ViT(Layout):
     """ViTForImageClassification (Dosovitskiy et al. 2021): patches, a class token, learned positions over them,
     pre-LayerNorm, GELU, one linear layer on the class token's final state."""
 
-    architecture, model_type, causal = "ViTForImageClassification", "vit", False
+    architecture, model_type, causal, base_prefix = "ViTForImageClassification", "vit", False, "vit."
     ACTIVATIONS = {"tanh": "gelu_pytorch_tanh", "none": "gelu"}
 
     def refusals(self, cfg: ModelConfig) -> list[str]:
@@ -444,6 +445,8 @@ def load_folder_weights(model, folder: str | Path) -> None:
     theirs: Weights = {}
     for path in weight_files(folder):
         theirs.update(load_file(str(path)))
+    if not any(k.startswith(layout.base_prefix) for k in theirs):  # e.g. the original gpt2 folder: h.0.attn...
+        theirs = {k if k.startswith("lm_head.") else layout.base_prefix + k: v for k, v in theirs.items()}
     cfg = model.config
     try:
         ours = layout.from_hf(cfg, theirs)
