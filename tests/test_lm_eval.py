@@ -66,9 +66,28 @@ def test_same_scores_as_lm_evals_hugging_face_backend_on_the_exported_model(tmp_
             assert flat(a) == pytest.approx(flat(b), abs=1e-4)
     assert per_doc(ours, "local_generate") == per_doc(theirs, "local_generate")
     assert any(text for text in per_doc(ours, "local_generate"))  # something was generated
+    via_evaluate = evaluate_py(run, tmp_path)  # evaluate.py lm_eval.tasks=[...] runs the same model
     for task, metric in (("local_choice", "acc,none"), ("local_rolling", "word_perplexity,none"),
                          ("local_generate", "exact_match,none")):
         assert ours["results"][task][metric] == pytest.approx(theirs["results"][task][metric], rel=1e-4)
+        assert via_evaluate["results"][task][metric] == pytest.approx(theirs["results"][task][metric], rel=1e-4)
+
+
+def evaluate_py(run, tmp_path) -> dict:
+    """evaluate.py ckpt=<run> lm_eval.tasks=[...] lm_eval.include_path=<tasks>, composed and run in this process;
+    the results file it writes."""
+    from hydra import compose, initialize_config_dir
+
+    from archsweep import conf_dir
+    from archsweep.core.eval.inference import run_evaluate
+
+    output = tmp_path / "lm_eval.json"
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"ckpt={run}", f"lm_eval.tasks=[{','.join(TASKS)}]",
+                                             f"lm_eval.include_path={tmp_path / 'tasks'}", "lm_eval.batch_size=2",
+                                             "device=cpu", f"output={output}"])
+    run_evaluate(cfg)
+    return json.loads(output.read_text())
 
 
 def test_refuses_a_run_without_a_text_tokenizer(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import lm_eval.models  # noqa: F401  (lm-eval fills its registry with its own models only while it is empty)
 import torch
@@ -134,6 +135,20 @@ class ArchsweepLM(TemplateLM):
                 text = text.split(stop)[0]
             out.append(text)
         return out
+
+
+def evaluate_tasks(ckpt: str | Path, tasks: list[str], include_path: str | None = None, batch_size: int = 8,
+                   limit: int | None = None, device: str = "auto") -> tuple[dict, str]:
+    """lm-eval's `tasks` on a checkpoint: its results (per task: metrics; the versions and n-shot) and its table."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import make_table
+
+    manager = TaskManager(include_path=str(include_path) if include_path is not None else None)
+    result = simple_evaluate(model=ArchsweepLM(str(ckpt), batch_size=batch_size, device=device), tasks=tasks,
+                             task_manager=manager, limit=limit)
+    report = {k: result[k] for k in ("results", "versions", "n-shot") if k in result}
+    return {"checkpoint": str(ckpt), **report}, make_table(result)
 
 
 def main() -> None:
