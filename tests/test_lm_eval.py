@@ -90,10 +90,13 @@ def evaluate_py(run, tmp_path) -> dict:
     return json.loads(output.read_text())
 
 
-def test_refuses_a_run_without_a_text_tokenizer(tmp_path):
+def test_refuses_a_run_without_a_text_tokenizer_or_a_causal_model(tmp_path):
     from archsweep.core.eval.harness import ArchsweepLM
 
-    run, _ = save_run(tmp_path, LLAMA, {"type": "ids", "seq2seq": False, "pad_id": 0, "bos_id": 1, "eos_id": 2,
-                                         "sep_id": 3})
+    run, _ = save_run(tmp_path / "ids", LLAMA, {"type": "ids", "seq2seq": False, "pad_id": 0, "bos_id": 1,
+                                                 "eos_id": 2, "sep_id": 3})
     with pytest.raises(ValueError, match="no text tokenizer"):
+        ArchsweepLM(ckpt=str(run))
+    run, _ = save_run(tmp_path / "encoder", {**LLAMA, "kind": "encoder_only"}, bpe_codec())
+    with pytest.raises(ValueError, match="kind=encoder_only .*model=decoder_only"):
         ArchsweepLM(ckpt=str(run))

@@ -25,6 +25,7 @@ from archsweep.core.data.codec import TokenizerCodec, codec_from_state
 from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.eval.inference import pick_device
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
+from archsweep.variants.model import CAUSAL, form_of, kinds_of
 
 
 @register_model("archsweep")
@@ -32,7 +33,7 @@ class ArchsweepLM(TemplateLM):
     backend = "causal"
 
     def __init__(self, ckpt: str, batch_size: int | str = 8, device: str = "auto",
-                 max_batch_size: int | None = None) -> None:
+                 max_batch_size: int | None = None) -> None:  # max_batch_size: lm-eval passes it; batch_size=auto is 8
         super().__init__()
         path = resolve_checkpoint(ckpt, "evaluate")
         state = read_checkpoint(path)
@@ -42,9 +43,9 @@ class ArchsweepLM(TemplateLM):
         self._device = pick_device(str(device))
         self.model = model_from_checkpoint(state, path).to(self._device).eval()
         cfg = self.model.config
-        if cfg.kind != "decoder_only":
+        if form_of(cfg.kind) != CAUSAL:
             raise ValueError(f"ckpt={path}: lm-eval scores causal language models; this one is kind={cfg.kind} "
-                             f"(train with model=decoder_only)")
+                             f"(train with model={' or '.join(kinds_of((CAUSAL,)))})")
         codec = state["archsweep"].get("codec") or {}
         text = codec_from_state(codec) if codec.get("type") == "tokenizer" else None
         if not isinstance(text, TokenizerCodec) or codec.get("seq2seq"):
