@@ -23,7 +23,6 @@ from lm_eval.api.registry import register_model
 
 from archsweep.core.data.codec import TokenizerCodec, codec_from_state
 from archsweep.core.eval.generation import DecodingConfig, generate
-from archsweep.core.eval.inference import pick_device
 from archsweep.core.model.checkpoint import model_from_checkpoint, read_checkpoint, resolve_checkpoint
 from archsweep.variants.model import CAUSAL, form_of, kinds_of
 
@@ -40,7 +39,9 @@ class ArchsweepLM(TemplateLM):
         if str(device).startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default is cuda:0
             logging.getLogger(__name__).warning(f"device={device}, but there is no CUDA device: on the CPU")
             device = "cpu"
-        self._device = pick_device(str(device))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._device = torch.device(device)
         self.model = model_from_checkpoint(state, path).to(self._device).eval()
         cfg = self.model.config
         if form_of(cfg.kind) != CAUSAL:
