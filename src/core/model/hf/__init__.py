@@ -2,7 +2,7 @@
 and the weights moved between our names and theirs, both ways (export: `archsweep.core.eval.export`; import:
 train.py `model.init_from=<folder>`). No `transformers` import: the layouts are written from their documented
 `config.json` fields and weight names (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023; Mistral: Jiang et
-al. 2023), so exporting needs only `safetensors`.
+al. 2023; ViT: Dosovitskiy et al. 2021, exported only), so exporting needs only `safetensors`.
 
 Each layout says, for a `ModelConfig`, every option it has no place for (`refusals`); a configuration is exported
 as the first layout with none, else refused naming them. Options that change no logits at inference (dropout,
