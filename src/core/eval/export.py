@@ -2,9 +2,8 @@
 folder (`model.safetensors`, `config.json`, `generation_config.json`, and `tokenizer.json` with
 `tokenizer_config.json` where the run has a BPE tokenizer), which `AutoModelForCausalLM.from_pretrained(folder)`
 and `AutoTokenizer.from_pretrained(folder)` load offline; a ViT as `ViTForImageClassification` with its class
-names. The layouts are in `archsweep.core.model.hf`; a
-configuration without an exact equivalent, or an `out` folder that exists and is not empty, is refused before
-anything is written.
+names. The layouts are in `archsweep.core.model.hf`; a configuration without an exact equivalent, or an `out`
+folder that exists and is not empty, is refused before anything is written.
 
     archsweep-export ckpt=outputs/runs/<time> out=exported/my-model
     python -m archsweep.core.eval.export ckpt=outputs/runs/<time>/checkpoints/best.ckpt out=exported/my-model
