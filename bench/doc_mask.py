@@ -46,6 +46,7 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=["model=decoder_only", *args.overrides])
     fields = OmegaConf.to_container(cfg.model, resolve=True)
+    fields.pop("init_from", None)  # a train.py setting (model.init_from), not a ModelConfig field
     fields.update(vocab_size=args.vocab, max_seq_len=max(args.context, fields["max_seq_len"]))
     model_cfg = ModelConfig.from_dict(fields)
     check_doc_mask(model_cfg)

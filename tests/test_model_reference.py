@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.core.model.hf import GPT2 as GPT2Layout
 
 D, H, FF, LAYERS, VOCAB = 32, 4, 64, 2, 50
 
@@ -100,22 +101,8 @@ def gpt2_pair(n_layers: int = 2):
 
 @torch.no_grad()
 def copy_from_gpt2(ref, ours) -> None:
-    """HF GPT-2 stores Conv1D weights as (in, out); ours are nn.Linear (out, in)."""
-    t = ref.transformer
-    ours.decoder.embed.weight.copy_(t.wte.weight)
-    ours.decoder.pos.table.weight.copy_(t.wpe.weight)
-    for block, layer in zip(ours.decoder.blocks, t.h, strict=True):
-        block.attn_res.norm.load_state_dict(layer.ln_1.state_dict())
-        block.ffn_res.norm.load_state_dict(layer.ln_2.state_dict())
-        block.self_attn.qkv_proj.weight.copy_(layer.attn.c_attn.weight.T)
-        block.self_attn.qkv_proj.bias.copy_(layer.attn.c_attn.bias)
-        block.self_attn.out_proj.weight.copy_(layer.attn.c_proj.weight.T)
-        block.self_attn.out_proj.bias.copy_(layer.attn.c_proj.bias)
-        block.ffn.up_proj.weight.copy_(layer.mlp.c_fc.weight.T)
-        block.ffn.up_proj.bias.copy_(layer.mlp.c_fc.bias)
-        block.ffn.down_proj.weight.copy_(layer.mlp.c_proj.weight.T)
-        block.ffn.down_proj.bias.copy_(layer.mlp.c_proj.bias)
-    ours.decoder.final_norm.load_state_dict(t.ln_f.state_dict())
+    """The export/import layout (archsweep.core.model.hf) moves the weights: Conv1D (in, out) to nn.Linear."""
+    ours.load_state_dict(GPT2Layout().from_hf(ours.config, ref.state_dict()))
 
 
 def test_matches_huggingface_gpt2_logits():

@@ -263,6 +263,8 @@ def check_python(args: list[str], extra: str) -> None:
             compose_entry("train", overrides)
     elif args[:2] == ["-m", "archsweep.core.data.prepare"]:
         check_prepare(args[2:])
+    elif args[:2] == ["-m", "archsweep.core.eval.export"]:
+        check_export(args[2:])
     elif args[0] == "-m" and args[1] == "venv":
         assert "python3 -m venv .venv" in (ROOT / ".ci/run").read_text()
     else:
@@ -276,6 +278,26 @@ def check_prepare(args: list[str]) -> None:
 
     if args:
         parse_args(args)
+
+
+def check_export(args: list[str]) -> None:
+    """archsweep-export's own reader takes the arguments (ckpt= and out=, nothing else)."""
+    from archsweep.core.eval.export import parse
+
+    parse(args)
+
+
+def check_lm_eval(args: list[str]) -> None:
+    """lm-eval's own parser takes the arguments (it exits on an unknown flag); the model is ours or its HF one."""
+    cli = pytest.importorskip("lm_eval._cli")
+    import sys
+
+    argv, sys.argv = sys.argv, ["archsweep-lm-eval", *args]
+    try:
+        parsed = cli.HarnessCLI().parse_args()
+    finally:
+        sys.argv = argv
+    assert parsed.model in ("archsweep", "hf"), f"--model {parsed.model}: the docs show archsweep or hf"
 
 
 def check_pip(args: list[str]) -> None:
@@ -309,6 +331,10 @@ def check_command(command: str, folder: Path) -> None:
             check_pip(args)
         elif program == "archsweep-prepare":
             check_prepare(args)
+        elif program == "archsweep-export":
+            check_export(args)
+        elif program == "archsweep-lm-eval":
+            check_lm_eval(args)
         elif program == ".":
             assert args == [".venv/bin/activate"] and ". .venv/bin/activate" in (ROOT / ".ci/run").read_text()
         else:

@@ -102,7 +102,7 @@ def encode_prompts(loaded: Loaded, texts: list[str], device: torch.device) -> tu
 
 
 ENTRY_KEYS = {"evaluate": ("ckpt", "task", "splits", "decode_limit", "buckets", "seed", "device", "output", "decoding",
-                           "eval"),
+                           "eval", "lm_eval"),
               "generate": ("ckpt", "prompt", "prompts", "device", "decoding")}  # conf/<entry>.yaml
 
 
@@ -220,6 +220,8 @@ def length_table(split: str, lengths: LengthTable, buckets: int) -> list[dict[st
 
 def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     check_entry_keys(cfg, "evaluate")
+    if cfg.get("lm_eval") is not None and cfg.lm_eval.tasks is not None:
+        return run_lm_eval(cfg)
     decoding = decoding_config(cfg.decoding)
     device = pick_device(cfg.device)
     loaded = load(cfg.ckpt, device)
@@ -261,6 +263,26 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     output = Path(cfg.output) if cfg.output else loaded.path.with_suffix(f".eval.{setting}.json")
     tmp = output.with_name(output.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(output)
+    print(f"results written to {output}")
+    return report
+
+
+def run_lm_eval(cfg: DictConfig) -> dict[str, Any]:
+    """evaluate.py lm_eval.tasks=[...]: lm-evaluation-harness's tasks on the checkpoint (the `archsweep` model of
+    `archsweep.core.eval.harness`), its table printed, its results written beside the checkpoint."""
+    try:
+        from archsweep.core.eval.harness import evaluate_tasks
+    except ImportError as e:
+        raise ValueError(f"lm_eval.tasks needs lm-evaluation-harness ({e}); pip install -e \".[eval]\"") from None
+    path = resolve_checkpoint(cfg.ckpt, "evaluate")
+    lm = cfg.lm_eval
+    tasks = [lm.tasks] if isinstance(lm.tasks, str) else list(lm.tasks)
+    report, table = evaluate_tasks(path, tasks, lm.include_path, lm.batch_size, lm.limit, str(cfg.device))
+    print(table)
+    output = Path(cfg.output) if cfg.output else path.with_suffix(".lm_eval.json")
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
     tmp.replace(output)
     print(f"results written to {output}")
     return report

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import math
 import os
@@ -265,6 +266,21 @@ def train(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> di
                 os.environ[key] = value
 
 
+def folder_codec(codec: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A run started from a Hugging Face folder keeps the folder's tokenizer where its data came as bare ids; one
+    whose data has another tokenizer than the folder's is refused (the same ids would mean other text)."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return codec
+    text = path.read_text()
+    if codec.get("type") == "ids":
+        return {**codec, "type": "tokenizer", "src": text, "tgt": text}
+    if codec.get("type") == "tokenizer" and json.loads(codec["tgt"]).get("model") != json.loads(text).get("model"):
+        raise ConfigError(f"model.init_from={folder}: the task's tokenizer is not the folder's tokenizer.json (their "
+                          f"vocabularies differ); train on data tokenized with the folder's tokenizer")
+    return codec
+
+
 def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -> dict[str, Any] | None:
     """Build, fit and test `setup` (checked by job.py; `cfg` is read, not checked again)."""
     meta_in = setup.resume
@@ -277,12 +293,22 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
             log.info(f"initialised from the weights of {init_weights_from(model, cfg.init_from)}")
         except CheckpointError as e:
             raise ConfigError(str(e)) from None
+    if setup.hf_init is not None and meta_in is None:  # model.init_from: published weights
+        from archsweep.core.model.hf import load_folder_weights
+
+        try:
+            load_folder_weights(model, setup.hf_init)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        log.info(f"initialised from the Hugging Face model in {setup.hf_init}")
     n_params, n_active = count_parameters(model), count_parameters(model, count="active")
     if cfg.compile:
         model.compile()
     run_id = meta_in["wandb_run_id"] if meta_in else new_run_id()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     codec = codec_state_for(setup.task)  # lets generate.py / evaluate.py work from a checkpoint alone
+    if setup.hf_init is not None:
+        codec = folder_codec(codec, Path(setup.hf_init))
     meta = {"config": resolved, "choices": info.choices, "overrides": info.overrides, "wandb_run_id": run_id,
             "codec": codec}
     lit = LitModel(model, setup.task.forward_fn(setup.model_cfg.kind), resolved["optim"], resolved["schedule"],

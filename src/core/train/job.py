@@ -76,7 +76,36 @@ def build_task(cfg: DictConfig) -> Task:
     return task
 
 
-def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
+def overridden_fields(overrides: list[str] | tuple[str, ...]) -> set[str]:
+    """The model fields the command line names: `model.n_layers=2` -> n_layers, `pos=alibi` -> pos,
+    `pos.scaling=linear` -> pos.scaling, `model=decoder_only` -> kind."""
+    out = set()
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key == "model":
+            out.add("kind")
+        elif key.startswith("model."):
+            out.add(key.removeprefix("model."))
+        elif key.split(".")[0] in AXES:
+            out.add(key)
+    return out
+
+
+def hf_import(fields: dict[str, Any], folder: str, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The fields of a run that starts from a Hugging Face folder (`model.init_from`): the folder's config.json
+    sets them, the run's own weight-free settings kept; a clash or another vocabulary than the task's refused."""
+    from archsweep.core.model.hf import import_fields, read_folder
+
+    layout, hf = read_folder(folder)
+    theirs = layout.model_fields(hf)
+    if fields.get("vocab_size") != theirs["vocab_size"]:
+        raise ValueError(f"model.init_from={folder} has a vocabulary of {theirs['vocab_size']} ids, the task "
+                         f"{fields.get('vocab_size')}: train on data tokenized with the folder's tokenizer (e.g. "
+                         f"archsweep-prepare with its tokenizer.json)")
+    return import_fields(fields, theirs, overridden_fields(overrides) - {"vocab_size"})
+
+
+def model_config(cfg: DictConfig, task: Task, overrides: list[str] | tuple[str, ...] = ()) -> ModelConfig:
     for axis in AXES:  # a variant yaml whose first line is not its package directive lands at the top level
         if axis in cfg:
             raise ConfigError(f"{axis}: the config has a top-level `{axis}` key, so the option's yaml is not read as "
@@ -90,7 +119,10 @@ def model_config(cfg: DictConfig, task: Task) -> ModelConfig:
     for key, value in task.model_fields().items():
         if fields.get(key) is None:
             fields[key] = value
+    init = fields.pop("init_from", None)
     try:
+        if init is not None:
+            fields = hf_import(fields, str(init), overrides)
         model_cfg = ModelConfig.from_dict(fields)
         task.check_model(model_cfg)
     except ValueError as e:
@@ -238,6 +270,9 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
             check_checkpoint_file(ckpt)
         if cfg.get("init_from") is not None:
             resolve_init(str(cfg.init_from))
+            if cfg.model.get("init_from") is not None:
+                raise ValueError(f"init_from={cfg.init_from} and model.init_from={cfg.model.init_from} both set: "
+                                 f"a run starts from one set of weights; set the other to null")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     task = build_task(cfg)
@@ -246,7 +281,7 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     checked = check_training(cfg)  # before the model: its variants import torch, these settings need not
-    model_cfg = model_config(cfg, task)
+    model_cfg = model_config(cfg, task, info.overrides)
     budget = None
     if cfg.get("budget") is not None:
         steps = cfg.trainer.max_steps
@@ -256,7 +291,8 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
                 check_rules(cfg, task, (warmup_within_training, decay_after_warmup, decay_phases))
         except ValueError as e:
             raise ConfigError(f"the budget gives trainer.max_steps={cfg.trainer.max_steps}: {e}") from None
-    return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks, budget=budget)
+    return Setup(model_cfg, task, ckpt, checked.decoding, checked.diagnostics, checked.callbacks, budget=budget,
+                 hf_init=cfg.model.get("init_from"))
 
 
 def check_resume(setup: Setup, resume: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> None:

@@ -48,3 +48,4 @@ class Setup:
     resume: dict[str, Any] | None = None  # the checkpoint's `archsweep` entry, checked against model_cfg
     resume_step: int | None = None  # the checkpoint's global step (metrics.csv keeps the rows logged before it)
     budget: Budget | None = None  # budget.flops / budget.tokens, when one set trainer.max_steps
+    hf_init: str | None = None  # model.init_from: a Hugging Face folder whose weights (and tokenizer) start the run
