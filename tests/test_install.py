@@ -75,6 +75,8 @@ def test_console_scripts_answer(installed):
         out = run(venv / "bin" / f"archsweep-{name}", "--help", cwd=elsewhere)
         assert "decoding: beam, greedy, sample" in out.stdout
     assert "--train-tokenizer" in run(venv / "bin" / "archsweep-prepare", "--help", cwd=elsewhere).stdout
+    assert "ckpt=<run dir or checkpoint> out=<folder>" in run(venv / "bin" / "archsweep-export", "--help",
+                                                              cwd=elsewhere).stdout
 
 
 def test_train_runs_from_outside_the_repository(installed):
