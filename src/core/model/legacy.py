@@ -75,6 +75,8 @@ def keep_former_values(fields: dict[str, Any]) -> dict[str, Any]:
             continue
         if any(spec.get(key) != wanted for key, wanted in acts.items()):
             continue
+        if spec["name"] not in REGISTRIES[axis].names():  # a user's variant (built from its _target_): no former value
+            continue
         if option in REGISTRIES[axis].options(REGISTRIES[axis].get(spec["name"])):
             out = dict(out) if out is fields else out
             out[axis] = {**spec, option: value}
