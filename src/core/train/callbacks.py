@@ -253,7 +253,10 @@ class StopOnSignal(L.Callback):
             return
         if trainer.world_size > 1:  # this process's signal, or another's (the highest number, if several)
             noted = torch.tensor(self.signum or 0, device=trainer.strategy.root_device)
-            self.signum = int(trainer.strategy.reduce(noted, reduce_op="max")) or None
+            agreed = int(trainer.strategy.reduce(noted, reduce_op="max"))
+            if not agreed:  # a signal that arrived during the reduce stays noted: all see it at the next boundary
+                return
+            self.signum = agreed
         if self.signum is None:
             return
         if self.last_path is not None:
