@@ -63,19 +63,27 @@ def test_a_run_with_branches_records_each_budget_as_its_standalone_run(tmp_path,
 
 
 def test_a_run_stopped_during_a_branch_completes_the_missing_ones_once(tmp_path, reference):
-    run_dir = tmp_path / "run"
-    command = [*BRANCHED, f"hydra.run.dir={run_dir}"]
-    proc = launch(tmp_path, *command)
-    signal_when(proc, run_dir / "train.log", "budget branch 0.25", signal.SIGTERM, timeout=240)
-    code, out = finish(proc)
-    assert code == 128 + signal.SIGTERM, out[-3000:]
-    stopped = results(run_dir)
-    assert stopped["status"] == "interrupted" and stopped["steps"] == 40, stopped
-    kept = json.loads((run_dir / "branches" / "budgets.json").read_text())["budgets"]
-    assert len(kept) < 2  # the 0.5 branch had not run
+    # the signal goes when the 0.25 branch's first line is in train.log; a test process starved of CPU for a second
+    # or two (the suite runs beside it) can send it only after the 0.5 branch is recorded, which leaves nothing to
+    # complete: that attempt says nothing about the code and is made again in a new directory
+    for attempt in range(3):
+        run_dir = tmp_path / f"run{attempt}"
+        command = [*BRANCHED, f"hydra.run.dir={run_dir}"]
+        proc = launch(tmp_path, *command)
+        signal_when(proc, run_dir / "train.log", "budget branch 0.25", signal.SIGTERM, timeout=240)
+        code, out = finish(proc)
+        assert code == 128 + signal.SIGTERM, out[-3000:]
+        stopped = results(run_dir)
+        assert stopped["status"] == "interrupted" and stopped["steps"] == 40, stopped
+        kept = json.loads((run_dir / "branches" / "budgets.json").read_text())["budgets"]
+        if len(kept) < 2:  # stopped in the 0.25 branch, or in the 0.5 one before its last step
+            break
+    else:
+        pytest.fail("in 3 attempts the signal never arrived before the 0.5 branch was recorded")
     code, out = train(tmp_path, *command)  # the same command continues the interrupted run
     assert code == 0, out[-3000:]
     assert "continuing the interrupted run" in out
+    assert out.count("budget branch ") == 2 - len(kept)  # the branches not recorded are fitted, only those
     res, ref = results(run_dir), results(reference)
     assert res["status"] == "completed" and [b["fraction"] for b in res["budgets"]] == [0.25, 0.5, 1.0]
     assert res["budgets"] == ref["budgets"]  # each budget once, with the values of the uninterrupted run
