@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 from dataclasses import asdict
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -206,10 +208,47 @@ def test_a_signal_a_branch_noted_in_its_last_step_stops_before_the_next_branch_w
     assert budgets[2]["val/loss"] == 0.9
 
 
-def test_stop_on_signal_reports_a_signal_it_could_not_act_on():
+class SignalAt(L.Callback):
+    """Sends this process `signum` as the training step `step` (0-based) starts."""
+
+    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
+        self.step, self.signum = step, signum
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit_signalled(step: int, max_steps: int = 3) -> tuple[StopOnSignal, L.Trainer, BaseException | None]:
     stop = StopOnSignal(None)
-    assert stop.pending is None
-    stop.signum = signal.SIGTERM  # noted by its handler; the fit ended before a step boundary could stop it
-    assert stop.pending == signal.SIGTERM
-    stop.saved_step = 12  # acted on: the fit raised Interrupted, nothing is pending
-    assert stop.pending is None
+    trainer = L.Trainer(max_steps=max_steps, callbacks=[stop, SignalAt(step)], limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 2)), batch_size=2)
+    try:
+        trainer.fit(Regression(), train_dataloaders=data)
+    except Interrupted as raised:
+        return stop, trainer, raised
+    return stop, trainer, None
+
+
+def test_stop_on_signal_reports_a_signal_it_could_not_act_on():
+    """A signal in a fit's last step ends the fit with the step done and nothing raised: it stays pending for the
+    caller (the next budget branch must not start); one in an earlier step stops the fit, and nothing is pending."""
+    stop, trainer, raised = fit_signalled(step=2)
+    assert raised is None and trainer.global_step == 3 and stop.pending == signal.SIGTERM
+    stop, trainer, raised = fit_signalled(step=0)
+    assert raised is not None and raised.step == 1 and trainer.global_step == 1 and stop.pending is None
+    stop, trainer, raised = fit_signalled(step=5)  # never sent: nothing pending
+    assert raised is None and trainer.global_step == 3 and stop.pending is None

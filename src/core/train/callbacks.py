@@ -225,6 +225,7 @@ class StopOnSignal(L.Callback):
         self.last_path = str(last_path) if last_path is not None else None
         self.signum: int | None = None
         self.saved_step: int | None = None
+        self.stopped = False  # Interrupted raised: the signal was acted on
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Lightning's own handlers (registered before this hook); Lightning restores the earlier ones at the
@@ -234,9 +235,10 @@ class StopOnSignal(L.Callback):
 
     @property
     def pending(self) -> int | None:
-        """A signal noted too late to stop this fit: in its last step or its final validation, after which the fit
-        ended on its own. The caller decides (fit.py: before any budget branch, branches.py: before the next)."""
-        return self.signum if self.saved_step is None else None
+        """A signal noted too late to stop this fit: in its last step (checkpoint written or not) or its final
+        validation, after which the fit ended on its own without `Interrupted`. The caller decides (fit.py: before any
+        budget branch, branches.py: before the next)."""
+        return None if self.stopped else self.signum
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
@@ -266,4 +268,5 @@ class StopOnSignal(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if self.saved_step is not None:  # the step's metrics are written by now
+            self.stopped = True
             raise Interrupted(self.signum, self.saved_step, self.last_path)
