@@ -8,10 +8,13 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 packages = ["archsweep", *(f"archsweep.{p}" for p in find_packages(str(ROOT / "src")))]
-conf_files = [str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml")]
+# every folder of conf/ is listed as a (data-only) package: setuptools warns, once per folder, about a folder inside
+# a package that it would otherwise have to guess about
+conf_dirs = sorted(p for p in (ROOT / "conf").rglob("*") if p.is_dir())
+conf_packages = ["archsweep.conf", *("archsweep.conf." + ".".join(p.relative_to(ROOT / "conf").parts) for p in conf_dirs)]
 
 setup(
-    packages=[*packages, "archsweep.conf"],
+    packages=[*packages, *conf_packages],
     package_dir={"archsweep": "src", "archsweep.conf": "conf"},
-    package_data={"archsweep.conf": conf_files},
+    package_data={p: ["*.yaml"] for p in conf_packages},
 )
