@@ -11,7 +11,8 @@ packages = ["archsweep", *(f"archsweep.{p}" for p in find_packages(str(ROOT / "s
 # every folder of conf/ is listed as a (data-only) package: setuptools warns, once per folder, about a folder inside
 # a package that it would otherwise have to guess about
 conf_dirs = sorted(p for p in (ROOT / "conf").rglob("*") if p.is_dir())
-conf_packages = ["archsweep.conf", *(".".join(["archsweep.conf", *p.relative_to(ROOT / "conf").parts]) for p in conf_dirs)]
+conf_dirs = [".".join(p.relative_to(ROOT / "conf").parts) for p in conf_dirs]
+conf_packages = ["archsweep.conf", *(f"archsweep.conf.{d}" for d in conf_dirs)]
 
 setup(
     packages=[*packages, *conf_packages],
