@@ -93,6 +93,22 @@ def test_relative_links_resolve(page):
     assert not broken, f"{page_id(page)}: broken links:\n" + "\n".join(broken)
 
 
+def test_every_docs_page_the_code_names_exists():
+    """Docstrings, comments and messages point readers at docs/<page>.md (and #anchors); a renamed or folded page
+    must not leave them pointing nowhere (four files named a comparing page after it was folded into training.md)."""
+    sources = [p for d in ("src", "tests", "bench", "conf") for p in sorted((ROOT / d).rglob("*"))
+               if p.suffix in (".py", ".yaml")] + sorted(ROOT.glob("*.py")) + [ROOT / "pyproject.toml"]
+    broken = []
+    for source in sources:
+        for path, fragment in re.findall(r"\bdocs/([A-Za-z0-9_.-]+\.md)(?:#([a-z0-9-]+))?", source.read_text()):
+            page = ROOT / "docs" / path
+            if not page.exists():
+                broken.append(f"{source.relative_to(ROOT)}: docs/{path} does not exist")
+            elif fragment and fragment not in anchors(page):
+                broken.append(f"{source.relative_to(ROOT)}: docs/{path} has no heading with anchor #{fragment}")
+    assert not broken, "\n".join(broken)
+
+
 def test_every_figure_in_docs_is_shown_by_a_page():
     shown = {(page.parent / target).resolve() for page in PAGES
              for target in re.findall(r"!\[[^\]]*\]\(([^)\s#]+)\)", prose(page.read_text()))}

@@ -1,6 +1,6 @@
-"""compare.py's tuned comparisons and significance against a baseline (docs/comparing.md): the statistics against
-hand computations on fixed samples, the choice of a tuned value on validation only, the grid-edge warning, one
-seed per cell, the baseline spec, the runs' compare block (train.yaml) and its refusals."""
+"""compare.py's tuned comparisons and significance against a baseline (docs/training.md, Tuned comparisons): the
+statistics against hand computations on fixed samples, the choice of a tuned value on validation only, the grid-edge
+warning, one seed per cell, the baseline spec, the runs' compare block (train.yaml) and its refusals."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Each cell against a baseline cell on the sort metric (docs/comparing.md): the difference of means with its
-confidence interval and a p-value from Welch's t-test, or the paired t-test when both cells ran the same seeds
-(scipy.stats), Holm's correction across the table's comparisons, a verdict, and the power side: the smallest
-difference the seeds at hand detect with 80% power, and the seeds per cell a given difference needs. Power is
-the two-sided t-test's exact power from the noncentral t distribution, with the pooled standard deviation (of the
+"""Each cell against a baseline cell on the sort metric (docs/training.md, Tuned comparisons): the difference of
+means with its confidence interval and a p-value from Welch's t-test, or the paired t-test when both cells ran the
+same seeds (scipy.stats), Holm's correction across the table's comparisons, a verdict, and the power side: the
+smallest difference the seeds at hand detect with 80% power, and the seeds per cell a given difference needs. Power
+is the two-sided t-test's exact power from the noncentral t distribution, with the pooled standard deviation (of the
 per-seed differences when paired)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Tuned axes (docs/comparing.md): keys such as optim.lr that a sweep varies so each compared cell can be reported
-at its own best value, chosen on validation (never test), with a warning when that best value sits at the edge
-of the values the cell tried."""
+"""Tuned axes (docs/training.md, Tuned comparisons): keys such as optim.lr that a sweep varies so each compared cell
+can be reported at its own best value, chosen on validation (never test), with a warning when that best value sits
+at the edge of the values the cell tried."""
 
 from __future__ import annotations
 

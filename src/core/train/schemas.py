@@ -330,8 +330,8 @@ CELL_SPEC = re.compile(r"^\s*[A-Za-z_][\w.-]*=\S+(\s+[A-Za-z_][\w.-]*=\S+)*\s*$"
 
 @dataclass
 class CompareSchema:
-    """train.yaml's `compare:` block: how compare.py reads a sweep of this config (docs/comparing.md). Recorded in
-    results.json; compare.py's --tune, --no-tune, --baseline and --sort override it."""
+    """train.yaml's `compare:` block: how compare.py reads a sweep of this config (docs/training.md, Tuned
+    comparisons). Recorded in results.json; compare.py's --tune, --no-tune, --baseline and --sort override it."""
 
     tune: list[str] = field(default_factory=list)  # keys tuned per cell rather than compared, e.g. [optim.lr]
     baseline: str | None = None  # the cell the others are tested against, e.g. "norm=pre"
