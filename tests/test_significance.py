@@ -291,6 +291,25 @@ def test_a_baseline_that_matches_no_cell_is_refused(tmp_path, spec, match):
         compare([grid(tmp_path)], baseline=spec)
 
 
+@pytest.mark.parametrize("spec, reason", [
+    ("norm=deep", "matches none of the cells"),
+    ("ffn=relu", "ffn is not a key the cells differ by"),
+])
+def test_a_baseline_the_runs_name_that_does_not_fit_them_is_a_note_and_no_test(tmp_path, spec, reason):
+    """A part of a preset's grid re-run on its own (post-norm alone at lower rates) still records the preset's
+    baseline: the table is shown with a note instead of an error; the same spec given as --baseline is refused."""
+    s = two_cells(tmp_path, [1.0, 1.1], [1.2, 1.3], baseline=spec)
+    report = compare([s])
+    assert report.significance is None and all(c.test is None for c in report.cells)
+    assert [n for n in report.notes if reason in n and "No significance test" in n], report.notes
+    assert "No significance test" in terminal(report)
+    with pytest.raises(CompareError, match=reason):
+        compare([s], baseline=spec)
+    with pytest.raises(CompareError, match=reason):  # --detect asks for a test: the runs' baseline must fit
+        compare([s], detect=0.1)
+    assert compare([s], baseline="norm=pre").significance is not None
+
+
 def grid(tmp_path: Path) -> Path:
     s = tmp_path / "grid"
     for i, (norm, layers) in enumerate((("pre", 2), ("pre", 4), ("post", 2))):

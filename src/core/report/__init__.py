@@ -208,10 +208,19 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
 
 def add_significance(report: Report, baseline: str | None, from_runs: str | None, alpha: float,
                       detect: float | None) -> None:
-    """Every cell against the baseline (--baseline, else the runs' compare.baseline; 'none': no test)."""
+    """Every cell against the baseline (--baseline, else the runs' compare.baseline; 'none': no test). A baseline
+    the runs name that does not fit them (a part of a preset's grid re-run on its own, e.g. post-norm alone) is a
+    note and no test: the table is still wanted; a --baseline that does not fit is an error."""
     spec, name = (baseline, "--baseline") if baseline is not None else (from_runs, "the runs' compare.baseline")
     if spec is not None and spec.strip().lower() not in ("none", "off", ""):
-        wanted, bases = find_baselines(spec, report.cells, report.keys, report.tuned, name)
+        try:
+            wanted, bases = find_baselines(spec, report.cells, report.keys, report.tuned, name)
+        except CompareError as e:
+            if baseline is not None or detect is not None:
+                raise
+            report.notes.append(f"{e}. No significance test: the runs' baseline does not fit them (a part of "
+                                f"their grid?); --baseline tests against one of these cells")
+            return
         report.significance = against_baseline(report.cells, bases, report.sort, alpha, detect, wanted, report.keys)
     elif detect is not None:
         example = report.cells[0].label if report.cells and report.keys else "norm=pre"
