@@ -30,7 +30,7 @@ from hydra import compose, initialize_config_dir
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
-from archsweep.core.train.job import build_task, model_config
+from archsweep.core.train.lifecycle.checks import build_task, model_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CASES = [("reverse", "encoder_decoder"), ("reverse", "decoder_only"), ("reverse", "encoder_only"),

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import archsweep.core.train.schemas  # noqa: F401  (registers the schemas train.yaml names)
+import archsweep.core.train.config.schemas  # noqa: F401  (registers the schemas train.yaml names)
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.model.config import check_doc_mask
 

@@ -26,7 +26,7 @@ import archsweep.variants.ffn.base as ffn_base
 import archsweep.variants.norm.base as norm_base
 from archsweep.core.data.tasks.base import IGNORE_INDEX
 from archsweep.core.model.build import build_model
-from archsweep.core.train.job import build_task, model_config
+from archsweep.core.train.lifecycle.checks import build_task, model_config
 
 MODULES = (norm_base, ffn_base, package_dropout)  # where apply_dropout is called (package_dropout: its Dropout)
 

@@ -4,7 +4,7 @@ gradients, AdamW moments) and the time of a training step, both processes over g
     python bench/fsdp.py                         # a 6-layer, d_model=256 decoder, 2 processes, 10 steps
     python bench/fsdp.py --layers 2 --steps 3
 
-DDP keeps a full replica of the state in every process; FSDP (core/train/shard.py) keeps 1/N of each block's and
+DDP keeps a full replica of the state in every process; FSDP (core/train/launch/shard.py) keeps 1/N of each block's and
 of the root's parameters, and gathers a block's only while it runs. State bytes are counted from the tensors each
 process holds after a step (local shards under FSDP). Step times are medians, DDP and FSDP measured in the same
 processes one after the other; the figure that matters is the ratio (FSDP's extra all-gathers on CPU/gloo).
@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.shard import shard_model
+from archsweep.core.train.launch.shard import shard_model
 
 
 def local_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:

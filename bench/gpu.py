@@ -12,9 +12,9 @@ Stage 2, training. Model: 12 layers, d_model 768, 12 heads, d_ff 3072, context 1
 learned positions, GELU, no biases, tied head (our model with bias=false; the reference is the same computation).
 AdamW, batch --batch of full 1024-token rows, bf16 autocast (what trainer.precision=bf16-mixed does) and
 torch.compile (compile=true), timed after --warmup steps. Rounds alternate the two models. MFU = tokens/s x
-training FLOPs per token / the GPU's bf16 peak (archsweep.core.train.compute.peak_flops); FLOPs per token are the
-framework's count (archsweep.variants.flops.forward_flops x TRAIN_FACTOR) of our model, used for the reference too
-(same architecture). Stage 3, decoding: greedy, 128 new tokens after a 16-token prompt, KV cache, bf16 autocast,
+training FLOPs per token / the GPU's bf16 peak (archsweep.core.train.monitoring.compute.peak_flops); FLOPs per token
+are the framework's count (archsweep.variants.flops.forward_flops x TRAIN_FACTOR) of our model, used for the reference
+too (same architecture). Stage 3, decoding: greedy, 128 new tokens after a 16-token prompt, KV cache, bf16 autocast,
 eager and (on a GPU) compiled with dynamic shapes.
 Targets (GPU only): MFU >= 45% (ours, bf16, compiled), ours >= 0.95x the reference's tokens/s, compiled decoding at
 batch 1 faster than eager."""
@@ -40,7 +40,7 @@ from train_step import ReferenceGPT, ours  # noqa: E402
 from archsweep.core.data.paths import cache_dir  # noqa: E402
 from archsweep.core.eval.generation import DecodingConfig, generate  # noqa: E402
 from archsweep.core.model.build import count_parameters  # noqa: E402
-from archsweep.core.train.compute import peak_flops  # noqa: E402
+from archsweep.core.train.monitoring.compute import peak_flops  # noqa: E402
 from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops  # noqa: E402
 
 FULL = dict(vocab=50304, d=768, h=12, layers=12, ff=3072, t=1024, batch=8, steps=20, warmup=5, rounds=3, new=128)

@@ -30,14 +30,14 @@ from omegaconf import OmegaConf
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
-from archsweep.core.train.callbacks import AtomicCheckpointIO, Progress, RunCheckpoint
-from archsweep.core.train.diagnostic_callbacks import diagnostic_callbacks
-from archsweep.core.train.diagnostics import check_diagnostics
-from archsweep.core.train.fit import TaskData
-from archsweep.core.train.job import build_task, check_training, model_config
+from archsweep.core.train.config.diagnostics import check_diagnostics
+from archsweep.core.train.lifecycle.checks import build_task, check_training, model_config
+from archsweep.core.train.lifecycle.trainer import TaskData
 from archsweep.core.train.lit import LitModel
-from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers
-from archsweep.core.train.optim import make_optimizer, make_scheduler
+from archsweep.core.train.monitoring.callbacks import AtomicCheckpointIO, Progress, RunCheckpoint
+from archsweep.core.train.monitoring.diagnostic_callbacks import diagnostic_callbacks
+from archsweep.core.train.monitoring.loggers import LogRun, finish_wandb, make_loggers
+from archsweep.core.train.optimisers.optim import make_optimizer, make_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -229,9 +229,9 @@ def mfu_check(overrides: list[str], steps: int) -> None:
     from archsweep.core.data.paths import cache_dir
     from archsweep.core.data.tasks.base import IGNORE_INDEX
     from archsweep.core.data.tasks.forward import flop_shape
-    from archsweep.core.train.compute import peak_flops, remeasure
-    from archsweep.core.train.job import build_task, model_config
-    from archsweep.core.train.optim import make_optimizer
+    from archsweep.core.train.lifecycle.checks import build_task, model_config
+    from archsweep.core.train.monitoring.compute import peak_flops, remeasure
+    from archsweep.core.train.optimisers.optim import make_optimizer
     from archsweep.variants.flops import TRAIN_FACTOR, forward_flops
 
     root = Path(__file__).resolve().parents[1]

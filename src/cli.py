@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from archsweep import conf_dir  # noqa: E402
 from archsweep.core.data.tasks.known import EXTRA_CONF_ENV  # noqa: E402  (more config folders, e.g. your variants)
-from archsweep.core.train import rundir, schemas  # noqa: E402, F401  (register ${unique:}, the groups' schemas)
+from archsweep.core.train.config import schemas  # noqa: E402, F401  (registers the groups' schemas)
+from archsweep.core.train.runs import rundir  # noqa: E402, F401  (registers ${unique:})
 
 CONF = str(conf_dir())
 
@@ -180,7 +181,7 @@ def raw_prompts(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
 def _train(cfg: DictConfig) -> float:
-    from archsweep.core.train.job import run_job
+    from archsweep.core.train.lifecycle.job import run_job
 
     # A single run counts its times from the process's start (imports included); a sweep's job from its own start:
     # a launcher that runs jobs in worker processes (joblib, submitit) ships this function to them by value, with
@@ -226,11 +227,11 @@ def train(start_time: float | None = None) -> None:
 
 def continue_run() -> None:
     """`resume=<run dir>`, or the same command re-run after an interrupt: the command line becomes the run's saved
-    overrides with `ckpt_path` and `hydra.run.dir` set to it (core/train/resume.py), before Hydra composes. A
+    overrides with `ckpt_path` and `hydra.run.dir` set to it (core/train/runs/resume.py), before Hydra composes. A
     data-parallel worker is started with rank 0's command line, which is this one already; under torchrun, which
     starts every rank with the user's, rank 0 expands it and the other ranks take rank 0's."""
-    from archsweep.core.train import torchrun
-    from archsweep.core.train.resume import expand
+    from archsweep.core.train.launch import torchrun
+    from archsweep.core.train.runs.resume import expand
 
     if torchrun.under_torchrun() and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         raise SystemExit("error: torchrun starts one run on several processes; a sweep (-m) under torchrun would run "

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-import archsweep.core.train.schemas  # noqa: F401  (registers the config groups' schemas, which the yaml files name)
+import archsweep.core.train.config.schemas  # noqa: F401  (registers the config groups' schemas, which the yaml files name)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: the test processes share the cores, one torch thread each
     import torch

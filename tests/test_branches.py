@@ -1,4 +1,4 @@
-"""Budget branches with real train.py processes (core/train/branches.py): a run with schedule.branches records each
+"""Budget branches with real train.py processes (train/lifecycle/branches.py): a run with schedule.branches records each
 budget with its steps and FLOPs, a branch equals the standalone WSD run of its budget (same seed: the data order
 and the dropout are functions of the step), the branches stay out of the run's metrics.csv, and a run stopped
 during a branch, continued, records each budget once with the values of an uninterrupted run."""

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from archsweep.core.train.callback_group import check_callbacks, make_callbacks
-from archsweep.core.train.callbacks import Progress
-from archsweep.core.train.job import ConfigError, check_training
+from archsweep.core.train.config.setup import ConfigError
+from archsweep.core.train.lifecycle.checks import check_training
+from archsweep.core.train.monitoring.callback_group import check_callbacks, make_callbacks
+from archsweep.core.train.monitoring.callbacks import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -83,7 +84,8 @@ def test_bad_entries_are_refused_naming_the_key(overrides, match):
 
 def test_default_check_imports_nothing_heavy():
     """With no callbacks (the default) and with a target that is not Lightning's, the check imports no Lightning."""
-    code = ("import sys; from archsweep.core.train.callback_group import check_callbacks as c; c({}); c(None)\n"
+    code = ("import sys; from archsweep.core.train.monitoring.callback_group import check_callbacks as c\n"
+            "c({}); c(None)\n"
             "try: c({'x': {'_target_': 'collections.OrderedDict'}})\nexcept ValueError: pass\n"
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

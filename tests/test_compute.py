@@ -18,10 +18,11 @@ from hydra.errors import ConfigCompositionException
 from wandb_reader import read_run
 
 from archsweep.core.model.build import build_model, flops_per_token
-from archsweep.core.train import compute
-from archsweep.core.train.job import ConfigError, apply_budget, build_task, model_config
-from archsweep.core.train.results import Results
-from archsweep.core.train.schemas import check_schemas
+from archsweep.core.train.config.schemas import check_schemas
+from archsweep.core.train.config.setup import ConfigError
+from archsweep.core.train.lifecycle.checks import apply_budget, build_task, model_config
+from archsweep.core.train.monitoring import compute
+from archsweep.core.train.runs.results import Results
 from archsweep.variants.flops import TRAIN_FACTOR, forward_flops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +128,7 @@ def test_whole_steps_that_miss_the_budget_by_more_than_a_few_percent_say_by_how_
 
 
 def test_bad_budgets_are_refused():
-    """budget: a schema (archsweep.core.train.schemas): the type while composing, the rules right after."""
+    """budget: a schema (archsweep.core.train.config.schemas): the type while composing, the rules right after."""
     with pytest.raises(ConfigCompositionException) as caught:
         compose_train(*LM, "budget.tokens=abc")
     assert "full_key: budget.tokens" in str(caught.value.__cause__)

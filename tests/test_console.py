@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from archsweep.core.train.console import ConsoleFormatter, DropNoise, job_prefix, set_job
-from archsweep.core.train.summary import family, metric_parts
-from archsweep.core.train.sweep import format_table
+from archsweep.core.train.monitoring.console import ConsoleFormatter, DropNoise, job_prefix, set_job
+from archsweep.core.train.monitoring.summary import family, metric_parts
+from archsweep.core.train.runs.sweep import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
@@ -133,7 +133,7 @@ def test_text_and_translation_tasks_are_lm_and_translation():
 
 
 def test_short_runs_validate_several_times_ending_at_the_last_step():
-    from archsweep.core.train.fit import validation_every
+    from archsweep.core.train.lifecycle.trainer import validation_every
 
     assert validation_every(3000, 500) == 500
     assert validation_every(20, 500) == 5 and validation_every(300, 500) == 75 and validation_every(7, 500) == 1
@@ -151,7 +151,7 @@ def test_the_final_step_is_validated_when_the_interval_does_not_divide_the_run(t
     import lightning as L
     import torch
 
-    from archsweep.core.train.callbacks import ValidateAtEnd
+    from archsweep.core.train.monitoring.callbacks import ValidateAtEnd
 
     class Tiny(L.LightningModule):
         def __init__(self):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from archsweep.core.train.fit import with_collective_timeout
+from archsweep.core.train.lifecycle.trainer import with_collective_timeout
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",

@@ -14,7 +14,7 @@ from archsweep.core.eval.evaluation import decode_sample
 from archsweep.core.eval.generation import DecodingConfig
 from archsweep.core.eval.inference import Loaded, evaluate_split
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.decode_callback import DecodeOnValidation
+from archsweep.core.train.monitoring.decode_callback import DecodeOnValidation
 
 
 def sorted_batches(n_batches: int, batch_size: int) -> list[dict]:

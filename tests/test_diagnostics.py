@@ -33,14 +33,14 @@ from archsweep.core.eval.attention_maps import (
 )
 from archsweep.core.eval.metrics import LengthTable, by_length, row_stats
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.diagnostic_callbacks import (
+from archsweep.core.train.config.diagnostics import DiagnosticsConfig, check_diagnostics, diagnostics_config
+from archsweep.core.train.monitoring.diagnostic_callbacks import (
     DivergenceMonitor,
     grad_group,
     group_grad_norms,
     residual_hooks,
     token_norm,
 )
-from archsweep.core.train.diagnostics import DiagnosticsConfig, check_diagnostics, diagnostics_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
@@ -265,7 +265,8 @@ def test_bad_settings_are_refused(block, match):
 
 def test_settings_check_imports_nothing_heavy():
     """job.py can check the block before Lightning is imported."""
-    code = ("import sys; import archsweep.core.train.diagnostics as d; d.diagnostics_config({'every_n_steps': 5}); "
+    code = ("import sys; import archsweep.core.train.config.diagnostics as d\n"
+            "d.diagnostics_config({'every_n_steps': 5}); "
             "print(sorted(m for m in ('torch', 'lightning', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -17,7 +17,9 @@ from hydra.core.override_parser.types import ValueType
 from archsweep.core.data.tasks.synthetic import ReverseTask
 from archsweep.core.eval.trace import trace_rows
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters, match_d_ff, parameter_count
-from archsweep.core.train.job import ConfigError, build_task, cpu_threads, model_config
+from archsweep.core.train.config.setup import ConfigError
+from archsweep.core.train.lifecycle.checks import build_task, model_config
+from archsweep.core.train.lifecycle.job import cpu_threads
 from archsweep.variants.pos import POS
 
 ROOT = Path(__file__).resolve().parents[1]

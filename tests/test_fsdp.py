@@ -20,7 +20,7 @@ from test_run_safety import ROOT, finish, launch, results, rows, signal_when, tr
 from test_train_e2e import train_losses
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.shard import shard_model
+from archsweep.core.train.launch.shard import shard_model
 
 pytestmark = pytest.mark.slow  # processes: mp.spawn and train.py subprocesses
 

@@ -178,7 +178,7 @@ def test_import_keeps_the_runs_weight_free_options_and_refuses_a_clash(tmp_path)
 
 
 def test_import_refuses_a_folder_without_weights_and_another_vocabulary(tmp_path):
-    from archsweep.core.train.job import hf_import
+    from archsweep.core.train.lifecycle.checks import hf_import
 
     folder, _ = hf_folder(tmp_path, HF_CONFIGS["gpt2"]())
     fields = ModelConfig(kind="decoder_only").to_dict()
@@ -223,8 +223,8 @@ def test_train_starts_from_a_hugging_face_folder(tmp_path):
 def test_the_folders_tokenizer_comes_along_and_another_is_refused(tmp_path):
     """A run on bare token ids takes the folder's tokenizer.json as its codec (generate.py then decodes text); a
     task with another tokenizer than the folder's is refused."""
-    from archsweep.core.train.fit import folder_codec
-    from archsweep.core.train.setup import ConfigError
+    from archsweep.core.train.config.setup import ConfigError
+    from archsweep.core.train.lifecycle.fit import folder_codec
 
     codec = bpe_codec()
     run, _ = save_run(tmp_path, LLAMA, codec)

@@ -24,10 +24,11 @@ from archsweep.core.data.tasks.is_sorted import forward_classify
 from archsweep.core.eval.trace import parameters_text
 from archsweep.core.model import build
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters, match_d_ff, parameter_count
-from archsweep.core.train.job import ConfigError, match_params
+from archsweep.core.train.config.setup import ConfigError
+from archsweep.core.train.lifecycle.checks import match_params
 from archsweep.core.train.lit import LitModel
-from archsweep.core.train.muon import Muon
-from archsweep.core.train.optim import hidden_matrices, muon_param_groups
+from archsweep.core.train.optimisers.muon import Muon
+from archsweep.core.train.optimisers.optim import hidden_matrices, muon_param_groups
 from archsweep.variants.ffn import FFN
 from archsweep.variants.ffn.base import FFNBase
 from archsweep.variants.flops import Shape

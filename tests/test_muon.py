@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.muon import Muon, newton_schulz
-from archsweep.core.train.optim import make_optimizer
-from archsweep.core.train.schemas import MUON_NS_DTYPES, MUON_SCALINGS, MuonSchema, typed
+from archsweep.core.train.config.schemas import MUON_NS_DTYPES, MUON_SCALINGS, MuonSchema, typed
+from archsweep.core.train.optimisers.muon import Muon, newton_schulz
+from archsweep.core.train.optimisers.optim import make_optimizer
 
 A, B, C = 3.4445, -4.7750, 2.0315
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -16,7 +16,7 @@ from test_train_e2e import TINY, results, train, train_losses
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.optim import make_optimizer
+from archsweep.core.train.optimisers.optim import make_optimizer
 
 pytestmark = pytest.mark.slow  # processes, train.py subprocesses, compilation
 

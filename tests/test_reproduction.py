@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
-from archsweep.core.train.optim import make_optimizer
-from archsweep.core.train.schemas import AdamWSchema, typed
+from archsweep.core.train.config.schemas import AdamWSchema, typed
+from archsweep.core.train.optimisers.optim import make_optimizer
 
 SIZES = dict(vocab_size=30, d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0)
 
@@ -37,7 +37,7 @@ def test_layernorm_without_bias(kind, norm):
 
 
 def optim_cfg(**over) -> dict:
-    return {"_target_": "archsweep.core.train.optim.adamw", "_partial_": True, "name": "adamw", "lr": 1e-3,
+    return {"_target_": "archsweep.core.train.optimisers.optim.adamw", "_partial_": True, "name": "adamw", "lr": 1e-3,
             "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.1, **over}
 
 

@@ -1,4 +1,4 @@
-"""results.json has one schema (archsweep.core.train.results.Results, with a version): training writes it, the
+"""results.json has one schema (archsweep.core.train.runs.results.Results, with a version): training writes it, the
 report wing reads it, and files written before the schema had a version still read."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from archsweep.core.report import compare
-from archsweep.core.train.results import VERSION, Results
+from archsweep.core.train.runs.results import VERSION, Results
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "pre_rename" / "results.json"
 

@@ -1,5 +1,5 @@
 """`train.py resume=<run dir>` and the same command re-run after an interrupt, as command lines (before Hydra
-composes), and a refused start undone (core/train/resume.py, rundir.withdraw). tests/test_run_safety.py runs them
+composes), and a refused start undone (core/train/runs/resume.py, rundir.withdraw). tests/test_run_safety.py runs them
 with real train.py processes."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from archsweep.core.train import rundir
-from archsweep.core.train.job import other_model
-from archsweep.core.train.resume import expand, interrupted_rerun
+from archsweep.core.train.lifecycle.checks import other_model
+from archsweep.core.train.runs import rundir
+from archsweep.core.train.runs.resume import expand, interrupted_rerun
 
 SAVED = ["model.d_model=32", "trainer.max_steps=40", "+callbacks.slow._target_=slowdown.Slow"]
 

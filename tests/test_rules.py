@@ -1,4 +1,4 @@
-"""The train wing's rules across fields (src/core/train/rules.py), each on a composed config and its task: what
+"""The train wing's rules across fields (src/core/train/config/rules.py), each on a composed config and its task: what
 no single group's schema can see."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from archsweep.core.train import rules
-from archsweep.core.train.job import build_task
+from archsweep.core.train.config import rules
+from archsweep.core.train.lifecycle.checks import build_task
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

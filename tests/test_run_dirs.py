@@ -17,10 +17,10 @@ import torch
 from omegaconf import OmegaConf
 
 from archsweep.core.data import cache
-from archsweep.core.train.job import usable_checkpoint
-from archsweep.core.train.metrics_csv import MetricsCSV
-from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock, claim_run_dir, clean_stale_temp, holds_run
-from archsweep.core.train.runinfo import RunInfo
+from archsweep.core.train.lifecycle.job import usable_checkpoint
+from archsweep.core.train.monitoring.metrics_csv import MetricsCSV
+from archsweep.core.train.runs.rundir import DirectoryInUse, DirectoryLock, claim_run_dir, clean_stale_temp, holds_run
+from archsweep.core.train.runs.runinfo import RunInfo
 
 
 def dead_pid() -> int:
@@ -33,7 +33,7 @@ def test_a_second_lock_on_a_directory_is_refused_until_the_first_is_released(tmp
     first = DirectoryLock(tmp_path, "run").acquire()
     assert (tmp_path / ".lock").read_text().split()[:2] == [str(os.getpid()), socket.gethostname()]
     # another process tries the same directory
-    code = ("import sys; from archsweep.core.train.rundir import DirectoryLock, DirectoryInUse\n"
+    code = ("import sys; from archsweep.core.train.runs.rundir import DirectoryLock, DirectoryInUse\n"
             f"try:\n    DirectoryLock({str(tmp_path)!r}, 'run').acquire()\n"
             "except DirectoryInUse as e:\n    print(e); sys.exit(3)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -48,7 +48,7 @@ def test_a_second_lock_on_a_directory_is_refused_until_the_first_is_released(tmp
 
 def dead_holder(directory: Path) -> int:
     """The pid of a process that took the directory's lock and died without releasing it."""
-    code = (f"import os; from archsweep.core.train.rundir import DirectoryLock\n"
+    code = (f"import os; from archsweep.core.train.runs.rundir import DirectoryLock\n"
             f"DirectoryLock({str(directory)!r}, 'run').acquire(); print(os.getpid(), flush=True); os._exit(0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and (directory / ".lock").exists(), out.stderr
@@ -233,7 +233,7 @@ def test_default_directories_are_unique_per_launch():
 
 
 def test_restored_checkpoint_paths_are_this_runs_own_or_dropped(tmp_path):
-    from archsweep.core.train.callbacks import RunCheckpoint
+    from archsweep.core.train.monitoring.callbacks import RunCheckpoint
 
     old, here = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
     here.mkdir(parents=True)
@@ -265,7 +265,7 @@ def test_a_held_lock_pickles_without_its_hold(tmp_path):
     but neither holds nor releases the lock, which stays with the launching process."""
     import pickle
 
-    from archsweep.core.train.rundir import DirectoryInUse, DirectoryLock
+    from archsweep.core.train.runs.rundir import DirectoryInUse, DirectoryLock
 
     lock = DirectoryLock(tmp_path, "sweep").acquire()
     copy = pickle.loads(pickle.dumps(lock))

@@ -16,7 +16,7 @@ from archsweep.core.data.tasks.synthetic import ReverseTask
 from archsweep.core.eval import inference
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.model.checkpoint import CheckpointError, load_model, read_checkpoint
-from archsweep.core.train.callbacks import AtomicCheckpointIO
+from archsweep.core.train.monitoring.callbacks import AtomicCheckpointIO
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"_target_": "archsweep.core.data.tasks.synthetic.ReverseTask", "n_symbols": 6, "min_len": 2, "max_len": 4,

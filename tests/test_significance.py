@@ -19,7 +19,7 @@ from test_compare import done, write_run
 from archsweep.core.report import CompareError, compare, terminal, write
 from archsweep.core.report.cells import SortKey, parse_sort
 from archsweep.core.report.significance import holm, min_detectable, paired, power, seeds_needed, welch
-from archsweep.core.train.schemas import check_schemas
+from archsweep.core.train.config.schemas import check_schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 A = [1.02, 1.10, 0.95, 1.07, 0.99]
@@ -375,8 +375,8 @@ def test_train_refuses_a_bad_compare_block(override, message):
 
 
 def test_train_refuses_a_tuned_key_the_config_lacks():
-    from archsweep.core.train import rules
-    from archsweep.core.train.job import build_task
+    from archsweep.core.train.config import rules
+    from archsweep.core.train.lifecycle.checks import build_task
 
     cfg = composed("compare.tune=[optim.lrr]")
     with pytest.raises(ValueError, match=r"compare.tune names optim.lrr, which this config does not have"):
@@ -386,7 +386,7 @@ def test_train_refuses_a_tuned_key_the_config_lacks():
 
 
 def test_the_compare_block_is_typed_and_a_setting():
-    from archsweep.core.train.runinfo import compare_block, is_setting
+    from archsweep.core.train.runs.runinfo import compare_block, is_setting
 
     cfg = composed("compare.tune=[optim.lr]", "compare.baseline='norm=pre model.n_layers=6'",
                    "compare.metric=test_long/acc")

@@ -1,4 +1,4 @@
-"""A sweep cell as a multi-process submitit job (core/train/submitit_job.py): the SLURM launcher asks for one task
+"""A sweep cell as a multi-process submitit job (train/launch/submitit_job.py): the SLURM launcher asks for one task
 and one GPU per device, a job's task count must be the trainer's processes, the local executor's tasks get torch's
 rank variables, task 1 logs to its own file, and only submitit's preemption signal is handed on to its requeue.
 End to end (slow): a submitit_local cell of two CPU processes over gloo, sent submitit's preemption signal
@@ -16,8 +16,8 @@ from test_experiments import compose_train
 from test_fsdp import RUN
 from test_run_safety import finish, launch, results, rows
 
-from archsweep.core.train import submitit_job
-from archsweep.core.train.submitit_job import join_tasks, requeue, task_log_name
+from archsweep.core.train.launch import submitit_job
+from archsweep.core.train.launch.submitit_job import join_tasks, requeue, task_log_name
 
 LOCAL_TASK = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_NTASKS": "2",
               "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_NODEID": "0",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from archsweep.core.train.runinfo import RunInfo
-from archsweep.core.train.sweep import LAUNCH_ENV, failure_line, format_errors, format_table, job_ranges
+from archsweep.core.train.runs.runinfo import RunInfo
+from archsweep.core.train.runs.sweep import LAUNCH_ENV, failure_line, format_errors, format_table, job_ranges
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["logger=csv", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1",

@@ -193,7 +193,7 @@ def test_a_sweep_cell_stays_re_runnable_after_a_new_option_with_a_default(tmp_pa
 
     import yaml
 
-    from archsweep.core.train.sweep import earlier_run
+    from archsweep.core.train.runs.sweep import earlier_run
 
     before = {"seed": 0, "model": {"d_model": 64, "pos": {"name": "rotary", "base": 10000.0}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(before))

@@ -95,7 +95,7 @@ def test_the_gpt2_124m_preset_builds_gpt2_small_with_its_parameter_and_flop_coun
     from hydra import compose, initialize_config_dir
 
     from archsweep.core.model.build import build_model
-    from archsweep.core.train.job import build_task, model_config
+    from archsweep.core.train.lifecycle.checks import build_task, model_config
     from archsweep.variants.flops import Shape, forward_flops
 
     folder = make_shards(tmp_path / "corpus", train_docs=600, val_docs=1600, shard_tokens=10**6)

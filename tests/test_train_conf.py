@@ -18,13 +18,13 @@ from shard_folders import make_shards
 
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.model.build import build_model
-from archsweep.core.train.diagnostics import DiagnosticsConfig
-from archsweep.core.train.job import build_task, check_training, model_config
-from archsweep.core.train.loggers import LogRun, finish_wandb, make_loggers
-from archsweep.core.train.metrics_csv import MetricsCSV
-from archsweep.core.train.optim import make_optimizer, make_scheduler
-from archsweep.core.train.schemas import SCHEMAS, BudgetSchema, EvalSchema, typed
-from archsweep.core.train.setup import ConfigError
+from archsweep.core.train.config.diagnostics import DiagnosticsConfig
+from archsweep.core.train.config.schemas import SCHEMAS, BudgetSchema, EvalSchema, typed
+from archsweep.core.train.config.setup import ConfigError
+from archsweep.core.train.lifecycle.checks import build_task, check_training, model_config
+from archsweep.core.train.monitoring.loggers import LogRun, finish_wandb, make_loggers
+from archsweep.core.train.monitoring.metrics_csv import MetricsCSV
+from archsweep.core.train.optimisers.optim import make_optimizer, make_scheduler
 from archsweep.variants.model import IMAGE, form_of, kinds_of
 from archsweep.variants.pos import POS
 
@@ -183,7 +183,7 @@ def test_adamw_skips_decay_on_norms_biases_and_embeddings():
 
 @pytest.mark.parametrize("choice", options("trainer"))
 def test_trainer_option_makes_a_trainer(choice, tmp_path):
-    from archsweep.core.train.fit import make_trainer
+    from archsweep.core.train.lifecycle.trainer import make_trainer
 
     cfg = compose_train(choice)
     if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
@@ -222,10 +222,11 @@ def test_logger_option_makes_loggers(choice, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("override, match", [
-    ("logger._target_=archsweep.core.train.loggers.wandb_loger",
-     r"logger._target_=archsweep.core.train.loggers.wandb_loger cannot be imported \(.*\); name a logger factory"),
-    ("logger._partial_=false", r"logger._partial_ must be true: archsweep.core.train.loggers.wandb_logger is called "
-                               r"with the run"),
+    ("logger._target_=archsweep.core.train.monitoring.loggers.wandb_loger",
+     r"logger._target_=archsweep.core.train.monitoring.loggers.wandb_loger cannot be imported \(.*\); name a logger "
+     r"factory"),
+    ("logger._partial_=false",
+     r"logger._partial_ must be true: archsweep.core.train.monitoring.loggers.wandb_logger is called with the run"),
     ("logger.mode=sometimes", r"logger.mode='sometimes' is not a known option"),
 ])
 def test_a_bad_logger_is_refused_naming_the_field(override, match):
@@ -269,7 +270,7 @@ def test_a_value_of_the_wrong_type_is_refused_while_composing(override, key):
 def test_a_key_the_schema_lacks_in_an_option_yaml_is_refused(tmp_path):
     (tmp_path / "optim").mkdir()
     (tmp_path / "optim" / "typo.yaml").write_text("defaults:\n  - /schema_optim_adamw@_here_\n  - _self_\n\n"
-                                                  "_target_: archsweep.core.train.optim.adamw\nname: adamw\n"
+                                                  "_target_: archsweep.core.train.optimisers.optim.adamw\nname: adamw\n"
                                                   "lr: 1.0e-3\nbetas: [0.9, 0.98]\neps: 1.0e-9\nweight_decay: 0.0\n"
                                                   "weight_decy: 0.1\n")
     with pytest.raises(ConfigCompositionException, match="weight_decy") as caught:
@@ -354,7 +355,7 @@ def test_an_optimiser_of_ones_own_is_a_yaml_with_a_target(tmp_path):
     and is built all the same (its target refuses what it does not take)."""
     (tmp_path / "optim").mkdir()
     (tmp_path / "optim" / "adamw_no_decay.yaml").write_text(
-        "_target_: archsweep.core.train.optim.adamw\n_partial_: true\nname: adamw_no_decay\nlr: 1.0e-3\n"
+        "_target_: archsweep.core.train.optimisers.optim.adamw\n_partial_: true\nname: adamw_no_decay\nlr: 1.0e-3\n"
         "betas: [0.9, 0.95]\neps: 1.0e-8\nweight_decay: 0.0\n")
     cfg = compose_train(f"hydra.searchpath=[file://{tmp_path}]", "optim=adamw_no_decay", *TINY)
     assert typed(cfg.optim, "optim") == OmegaConf.to_container(cfg.optim)  # no schema: a plain dict

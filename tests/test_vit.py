@@ -416,7 +416,8 @@ def test_vit_learns_digits():
 def test_train_config_refusals_name_the_kind_and_task(overrides, match):
     from hydra import compose, initialize_config_dir
 
-    from archsweep.core.train.job import ConfigError, build_task, model_config
+    from archsweep.core.train.config.setup import ConfigError
+    from archsweep.core.train.lifecycle.checks import build_task, model_config
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides)

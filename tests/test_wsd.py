@@ -1,5 +1,5 @@
 """schedule=wsd: the factor curve of each decay shape, the budget-branch plan, the refusals of impossible
-schedules and branches (core/train/wsd.py, schemas.py, rules.py), and compare.py --scaling reading budgets
+schedules and branches (core/train/config/wsd.py, schemas.py, rules.py), and compare.py --scaling reading budgets
 (core/report/scaling.py). The runs with branches are in tests/test_branches.py."""
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from test_compare import done, write_run
 from archsweep.core.report import compare
 from archsweep.core.report.runs import load_run
 from archsweep.core.report.scaling import run_points
-from archsweep.core.train import rules
-from archsweep.core.train.branches import BRANCH_DIR, STATE, Budgets, stable_path, stable_points
-from archsweep.core.train.callbacks import Interrupted, StopOnSignal
-from archsweep.core.train.job import build_task
-from archsweep.core.train.optim import wsd, wsd_factor
-from archsweep.core.train.results import Results
-from archsweep.core.train.schemas import check_schemas
-from archsweep.core.train.wsd import Branch, branch_plan
+from archsweep.core.train.config import rules
+from archsweep.core.train.config.schemas import check_schemas
+from archsweep.core.train.config.wsd import Branch, branch_plan
+from archsweep.core.train.lifecycle.branches import BRANCH_DIR, STATE, Budgets, stable_path, stable_points
+from archsweep.core.train.lifecycle.checks import build_task
+from archsweep.core.train.lifecycle.interrupts import Interrupted, StopOnSignal
+from archsweep.core.train.optimisers.optim import wsd, wsd_factor
+from archsweep.core.train.runs.results import Results
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -58,7 +58,7 @@ def run_dirs(sources: list[Path]) -> list[Path]:
 def swept_keys(run_dirs: list[Path], notes: list[str]) -> list[str]:
     """The keys the sweeps themselves varied (their multirun.yaml), so a grid keeps its columns while some
     options have no finished run yet."""
-    from archsweep.core.train.runinfo import sweep_keys
+    from archsweep.core.train.runs.runinfo import sweep_keys
 
     keys: list[str] = []
     for sweep in dict.fromkeys(d.parent for d in run_dirs if (d.parent / "multirun.yaml").is_file()):

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from archsweep.core.train.results import RESULTS, Results
-from archsweep.core.train.runinfo import is_setting, override_key
+from archsweep.core.train.runs.results import RESULTS, Results
+from archsweep.core.train.runs.runinfo import is_setting, override_key
 
 METRICS, OVERRIDES = "metrics.csv", ".hydra/overrides.yaml"
 
@@ -133,7 +133,7 @@ def read_values(results: Results) -> dict[str, str]:
 
 
 def read_results(path: str | Path) -> Results:
-    """results.json of any version training wrote (core/train/results.py); ValueError saying what is wrong."""
+    """results.json of any version training wrote (core/train/runs/results.py); ValueError saying what is wrong."""
     return Results.read(path)
 
 

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 from archsweep.core.data.tasks.base import IGNORE_INDEX
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, by_length, row_stats, token_hits
-from archsweep.core.train.optim import make_optimizer, make_scheduler
-from archsweep.core.train.shard import shard_model
+from archsweep.core.train.launch.shard import shard_model
+from archsweep.core.train.optimisers.optim import make_optimizer, make_scheduler
 from archsweep.variants.hooks import collect_aux_losses, collect_diagnostics, step_updates
 
 
