@@ -21,9 +21,21 @@ MODULES = {  # old module prefix -> new, most specific first
     "src.core.compare": "archsweep.core.report",
     **{f"src.core.{m}": f"archsweep.core.eval.{m}"
        for m in ("generation", "evaluation", "inference", "attention_maps", "trace")},
-    **{f"src.core.{m}": f"archsweep.core.train.{m}"
-       for m in ("lit", "fit", "job", "callbacks", "decode_callback", "diagnostic_callbacks", "diagnostics",
-                 "loggers", "optim", "runinfo", "sweep")},
+    "src.core.lit": "archsweep.core.train.lit",
+    # the train wing's modules before its sub-packages (archsweep.core.train.<m>; src.core.<m> for those the oldest
+    # runs name) -> the sub-package each is in now
+    **{f"{old}.{m}": f"archsweep.core.train.{room}.{m}"
+       for room, names in {"config": ("schemas", "rules", "setup", "diagnostics", "wsd"),
+                           "optimisers": ("optim", "muon"),
+                           "launch": ("torchrun", "submitit_job", "shard"),
+                           "monitoring": ("callbacks", "callback_group", "decode_callback", "diagnostic_callbacks",
+                                          "image_callbacks", "compute", "memory", "console", "loggers",
+                                          "metrics_csv", "summary"),
+                           "runs": ("rundir", "runinfo", "results", "resume", "sweep"),
+                           "lifecycle": ("job", "fit", "branches")}.items()
+       for m in names for old in ("archsweep.core.train", "src.core")
+       if old != "src.core" or m in ("fit", "job", "callbacks", "decode_callback", "diagnostic_callbacks",
+                                     "diagnostics", "loggers", "optim", "runinfo", "sweep")},
     "src.variants": "archsweep.variants",
 }
 

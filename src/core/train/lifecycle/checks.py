@@ -279,6 +279,7 @@ def check_light(cfg: DictConfig, info: RunInfo) -> tuple[TypedConfig, Path | Non
     """What needs neither the task nor the model (whose variants import torch): the schemas (the one time they are
     checked), the checkpoint files named, and that a run starts from one set of weights. Returns the typed groups
     and the checkpoint file to resume from."""
+    current_targets(cfg)
     ckpt = None
     try:
         typed = check_schemas(cfg)
@@ -293,6 +294,25 @@ def check_light(cfg: DictConfig, info: RunInfo) -> tuple[TypedConfig, Path | Non
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return typed, ckpt
+
+
+def current_targets(cfg: DictConfig) -> None:
+    """`_target_`s that name a module by its former path (a resumed run's saved overrides, one's own yaml written
+    before the train wing's sub-packages: `archsweep.core.train.optim.adamw`) rewritten in place to today's path
+    (`archsweep.core.model.legacy.MODULES`), each said once in the log."""
+    from archsweep.core.model.legacy import module_path
+
+    def walk(node: Any, path: str) -> None:
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(value, dict):
+                walk(value, where)
+            elif key == "_target_" and isinstance(value, str) and module_path(value) != value:
+                log.warning(f"{where}={value} names a former module path; read as {module_path(value)}")
+                with open_dict(cfg):
+                    OmegaConf.update(cfg, where, module_path(value), merge=False)
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
 
 
 def check_resume(setup: Setup, resume: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> None:
