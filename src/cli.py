@@ -219,10 +219,22 @@ def train(start_time: float | None = None) -> None:
     """Train a Transformer variant (docs/training.md)."""
     global START
     START = start_time or START
+    old_spellings()
     refuse_bad_overrides("train")
     continue_run()
+    old_spellings()  # a resumed run's saved overrides may be older
     refuse_uncomposable("train")
     _train()
+
+
+def old_spellings() -> None:
+    """The command line's old spellings of model options (`model.attn_gate=headwise`) as today's
+    (`attn_gate=headwise`), each with a note on stderr naming what it became (core/model/legacy.py)."""
+    from archsweep.core.model.legacy import upgrade_overrides
+
+    sys.argv[1:], notes = upgrade_overrides(sys.argv[1:])
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
 
 
 def continue_run() -> None:

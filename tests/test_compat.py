@@ -101,3 +101,49 @@ def test_old_checkpoint_resumes(tmp_path):
     with open(tmp_path / "resumed" / "metrics.csv") as f:
         steps = [int(row["step"]) for row in csv.DictReader(f)]
     assert steps and min(steps) >= 10  # it continued from step 10, not from scratch
+
+
+PLUGINS = ROOT / "tests" / "fixtures" / "pre_plugins"  # runs from before the model options became plug-ins
+EXPECTED = json.loads((PLUGINS / "expected.json").read_text()) if PLUGINS.is_dir() else {}
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_a_checkpoint_from_before_the_plugins_computes_what_it_did(name):
+    raw = torch.load(PLUGINS / name / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert "plugins" not in raw["archsweep"]["model_config"] and "attn_gate" in raw["archsweep"]["model_config"]
+    model = load_model(PLUGINS / name / "checkpoints" / "last.ckpt")
+    with torch.no_grad():
+        logits = model(torch.tensor(EXPECTED[name]["tokens"]))[0]
+    then = torch.tensor(EXPECTED[name]["logits"])
+    torch.testing.assert_close(logits, then, rtol=0, atol=0)  # the same computation, bit for bit
+    plugins = model.config.plugins
+    if name == "a":
+        assert plugins == {"attn_gate": {"per": "head"}, "attn_sink": {"learned": True},
+                           "logit_softcap": {"cap": 30.0}, "qk_norm": {"type": "rmsnorm"},
+                           "value_residual": {"learnable": True, "weight": 0.5}, "z_loss": {"weight": 1e-3}}
+        attn = model.decoder.blocks[1].self_attn
+        assert attn.plugins["value_residual"].lambdas.requires_grad  # learned lambdas came back as parameters
+    else:
+        assert plugins == {"attn_gate": {"per": "channel"}, "attn_sink": {"learned": False},
+                           "attn_softcap": {"cap": 20.0}, "mtp": {"depths": 1, "weight": 0.2}}
+        assert model.config.norm_type == {"name": "dyt", "alpha": 0.5}
+        assert len(model.plugins["mtp"].depths) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_a_run_from_before_the_plugins_resumes_as_it_did_then(name, tmp_path):
+    """`resume=` with the run's old command line (`model.attn_gate=headwise`, read as `attn_gate=headwise`) continues
+    with the same weights and optimiser state: the losses of the steps after the checkpoint equal the old code's."""
+    run_dir = tmp_path / name
+    shutil.copytree(PLUGINS / name, run_dir)
+    out = run(str(ROOT / "train.py"), f"resume={run_dir}", "trainer.max_steps=14", "trainer.log_every_n_steps=1",
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "note: model.attn_gate=" in out.stderr  # the old spelling, read as today's and said so
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 14
+    with open(run_dir / "metrics.csv") as f:
+        now = {row["step"]: float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")}
+    then = EXPECTED[name]["resumed_train_loss"]
+    assert {step: now[step] for step in then} == then  # bit for bit: weights and Adam moments in their places

@@ -64,7 +64,7 @@ class Stack(nn.Module):
     """
 
     def __init__(self, embed: TokenEmbedding, pos: PositionalEncoding, blocks: list[Block],
-                 final_norm: nn.Module | None, causal: bool, emb_dropout: float, softcap: float | None = None) -> None:
+                 final_norm: nn.Module | None, causal: bool, emb_dropout: float) -> None:
         super().__init__()
         self.embed = embed
         self.pos = pos
@@ -72,7 +72,6 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = final_norm if final_norm is not None else nn.Identity()
         self.causal = causal
-        self.softcap = softcap  # attention score soft-capping of self-attention (Gemma 2)
         self.checkpointing = False  # activation checkpointing: recompute each block in backward
 
     def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, positions: Tensor | None = None,
@@ -88,7 +87,7 @@ class Stack(nn.Module):
             positions = torch.arange(start, start + t, device=tokens.device).unsqueeze(0)  # (1, T)
         x = self.emb_dropout(self.pos.embed(self.embed(tokens), positions))  # (B, T, D)
         ctx = AttnContext(pad_mask, self.causal, t, start + t, positions, self.pos.rotate_qk, self.pos.attn_bias,
-                          cache, tokens.device, self.pos.content_bias, self.softcap, doc_ids=docs)
+                          cache, tokens.device, self.pos.content_bias, doc_ids=docs)
         if self.training:
             for block in self.blocks:
                 block.self_attn.kernel.on_forward()

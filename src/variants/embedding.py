@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from archsweep.variants.hooks import ZLoss
+from archsweep.variants.plugins.base import OutputPlugins
 
 
 class TokenEmbedding(nn.Module):
@@ -29,13 +29,13 @@ class TokenEmbedding(nn.Module):
 
 class LMHead(nn.Module):
     """Logits over the vocabulary; with `tied_to`, the weight is the embedding matrix itself (one Parameter).
-    `z_loss` > 0: PaLM's z-loss on the logits, an auxiliary loss of the training step (`hooks.ZLoss`)."""
+    `plugins`: the output plug-ins (`plugins/base.py`: a soft-cap transforms every prediction, a z-loss observes the
+    head's own)."""
 
     def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_to: TokenEmbedding | None,
-                 softcap: float | None = None, z_loss: float = 0.0) -> None:
+                 plugins: OutputPlugins | None = None) -> None:
         super().__init__()
-        self.z_loss = ZLoss(z_loss)
-        self.softcap = softcap  # logits become softcap * tanh(logits / softcap) (Gemma 2); None: off
+        self.plugins = plugins if plugins is not None else OutputPlugins()
         if tied_to is None:
             self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model ** -0.5)
         else:
@@ -43,12 +43,11 @@ class LMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.z_loss(self.logits(x))
+        return self.plugins(F.linear(x, self.weight, self.bias))  # (B, T, V)
 
     def logits(self, x: Tensor) -> Tensor:
-        """(..., D) -> (..., V), recording no z-loss: for other predictions through the same head (multi-token)."""
-        logits = F.linear(x, self.weight, self.bias)  # (B, T, V)
-        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+        """(..., D) -> (..., V), observed by no plug-in: for other predictions through the same head (multi-token)."""
+        return self.plugins.transform(F.linear(x, self.weight, self.bias))
 
     def flops(self, shape: Any) -> float:
         """2 V D per position, tied or not (a tied head is the same product with a shared matrix)."""

@@ -1,6 +1,9 @@
 """Hooks through which a variant brings its own losses, parameters and costs, so the framework asks the modules
-instead of knowing architectures (a mixture-of-experts FFN is one file). Every hook is optional, duck-typed: a
-module defines the method, and the framework finds it by walking `model.modules()`.
+instead of knowing architectures (a mixture-of-experts FFN is one file). Every hook is optional: a module defines
+the method, and the framework finds it by walking `model.modules()`. `ModuleHooks` names every one (the contract;
+the methods of a variant's base classes, the plug-ins' hook points among them, are hooks too): a registered
+variant or plug-in that defines a method a slip away from a hook name (`aux_loss`) is refused when it registers
+(`registry.check_hook_names`).
 
 - `aux_losses(labelled) -> dict[str, AuxLoss]`: the auxiliary losses of the module's last training forward
   (recorded only when `self.training` and gradients are on), then forgotten. `labelled` (the output's positions,
@@ -22,9 +25,8 @@ module defines the method, and the framework finds it by walking `model.modules(
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-import torch
 from torch import Tensor, nn
 
 
@@ -33,6 +35,29 @@ class AuxLoss(NamedTuple):
 
     weight: float
     value: Tensor
+
+
+class ModuleHooks(Protocol):
+    """Every module hook, with its signature (see the list above). A module implements any of them."""
+
+    def aux_losses(self, labelled: Tensor) -> dict[str, AuxLoss]: ...
+
+    def init_parameters(self, scheme: str, n_layers: int) -> None: ...
+
+    def weight_matrices(self) -> list[nn.Parameter]: ...
+
+    def active_params(self) -> int: ...
+
+    def flops(self, shape: Any) -> float: ...
+
+    def diagnostics(self, where: str) -> dict[str, Tensor]: ...
+
+    def step_update(self) -> None: ...
+
+    def roles(self) -> dict[str, str]: ...
+
+
+HOOKS = frozenset(n for n in vars(ModuleHooks) if not n.startswith("_"))  # and each base class's methods
 
 
 def collect_aux_losses(model: nn.Module, labelled: Tensor) -> dict[str, AuxLoss]:
@@ -49,35 +74,6 @@ def collect_aux_losses(model: nn.Module, labelled: Tensor) -> dict[str, AuxLoss]
                                  f"by different modules; give each weight its own loss name")
             found[name] = AuxLoss(weight, found[name].value + value if name in found else value)
     return found
-
-
-class ZLoss(nn.Module):
-    """PaLM's auxiliary loss (Chowdhery et al. 2022, section 5) on the logits passed through it: the mean over
-    labelled positions of log(Z)^2, Z the softmax normaliser; it keeps log Z near 0. Identity in the forward; with
-    `weight` 0 it records nothing."""
-
-    def __init__(self, weight: float) -> None:
-        super().__init__()
-        self.weight = weight
-        self.log_z: Tensor | None = None  # (...) of the last training forward
-
-    def forward(self, logits: Tensor) -> Tensor:
-        if self.weight and self.training and torch.is_grad_enabled():
-            self.log_z = logits.float().logsumexp(dim=-1)  # (B, T) or (B,)
-        return logits
-
-    def aux_losses(self, labelled: Tensor) -> dict[str, AuxLoss]:
-        log_z, self.log_z = self.log_z, None
-        if log_z is None:
-            return {}
-        if log_z.numel() != labelled.numel():
-            raise ValueError(f"z_loss: the output has {log_z.numel()} positions but the labels {labelled.numel()}; "
-                             f"the logits and labels of a step must align")
-        real = labelled.reshape(log_z.shape)
-        return {"z_loss": AuxLoss(self.weight, (log_z.square() * real).sum() / real.sum().clamp(min=1))}
-
-    def extra_repr(self) -> str:
-        return f"weight={self.weight}"
 
 
 def collect_diagnostics(model: nn.Module) -> dict[str, Tensor]:

@@ -36,8 +36,8 @@ T = TypeVar("T")
 # what the builder knows about the place it builds a part for.
 STRUCTURAL = frozenset({
     "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "dropout", "attn_dropout", "bias",
-    "n_layers", "n_decoder_layers", "vocab_size", "norm_type", "norm_eps", "image_size", "patch_size",
-    "causal", "role", "make_norm", "layer",
+    "n_layers", "n_decoder_layers", "vocab_size", "norm_eps", "norm_bias", "image_size", "patch_size",
+    "causal", "role", "make_norm", "layer", "dim", "parts",
 })
 
 
@@ -52,6 +52,38 @@ def close_match(value: str, valid: list[str]) -> str:
     close = [v for v in valid if text.startswith(v) or v.startswith(text)]
     close = close or difflib.get_close_matches(text, valid, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions that turn `a` into `b`."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def check_hook_names(cls: type, what: str) -> None:
+    """Refuse a class that defines a method a slip away from a hook name (`aux_loss` for `aux_losses`): the hook
+    would never be called and nothing would say so. The hooks are `archsweep.variants.hooks.HOOKS` and the methods
+    of the archsweep base classes the class derives from."""
+    from archsweep.variants.hooks import HOOKS
+
+    own = [k for k in cls.__mro__ if k.__module__.split(".")[0] not in ("torch", "builtins", "typing", "abc")
+           and not k.__module__.startswith("archsweep.variants.") or k is cls]
+    bases = [k for k in cls.__mro__ if k not in own and k.__module__.startswith("archsweep.")]
+    hooks = set(HOOKS) | {n for k in bases for n, v in vars(k).items() if callable(v) or isinstance(v, classmethod)}
+    hooks = {h for h in hooks if not h.startswith("_")}
+    for klass in own:
+        for method, value in vars(klass).items():
+            if method.startswith("_") or method in hooks or not (callable(value) or isinstance(value, classmethod)):
+                continue
+            near = [h for h in sorted(hooks) if edit_distance(method, h) <= (1 if len(h) <= 6 else 2)]
+            if near:
+                raise TypeError(f"{what}: {klass.__qualname__}.{method} is one slip away from the hook {near[0]!r}, "
+                                f"so it would never be called; rename it to {near[0]} (or to a name no hook is "
+                                f"near, if it is not meant as that hook)")
 
 
 def _type_name(annotation: Any) -> str:
@@ -96,6 +128,7 @@ class Registry(Generic[T]):
 
     def register(self, name: str):
         def add(cls: type[T]) -> type[T]:
+            check_hook_names(cls, f"{self.axis}={name}")
             known = self._classes.get(name)
             if known is not None and known.__qualname__ != cls.__qualname__:
                 raise ValueError(f"{self.axis}={name!r} is registered twice: {known.__module__}.{known.__qualname__} "

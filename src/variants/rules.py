@@ -1,8 +1,9 @@
 """The rules across axes, in one list (`RULES`): a choice on one axis that a choice on another axis, or a model
 field, rules out.
 
-A rule reads what the chosen classes declare (`forms_scores`, `score_bias`, `image_only`, `form`), never their
-names, so a new variant that declares the same is held to the same rule with no edit here. It raises a ValueError
+A rule reads what the chosen classes declare (`forms_scores`, `score_bias`, `image_only`, `form`, a plug-in's
+`requires`), never their names, so a new variant or plug-in that declares the same is held to the same rule with
+no edit here. It raises a ValueError
 that names the fields, their values and the fix. A rule within one variant (its sizes, its options) is the
 variant's own `check`.
 """
@@ -28,6 +29,7 @@ class Choices:
     classes: Mapping[str, type]
     fields: Mapping[str, Any]
     options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # per axis, when known
+    plugins: Mapping[str, type] = dataclasses.field(default_factory=dict)  # the chosen plug-ins' classes, by name
 
 
 def scoring_attention() -> str:
@@ -44,37 +46,6 @@ def score_bias_needs_scores(c: Choices) -> None:
     raise ValueError(f"attention={c.names['attention']} never forms the score matrix Q K^T, so pos={c.names['pos']} "
                      f"(an additive bias on the scores) has nothing to act on; choose pos={' or '.join(fitting)}, "
                      f"or attention={scoring_attention()}")
-
-
-def softcap_needs_scores(c: Choices) -> None:
-    """model.attn_softcap caps the scores, so it too needs an attention kind that forms them."""
-    cap = c.fields["attn_softcap"]
-    if cap is None or c.classes["attention"].forms_scores:
-        return
-    raise ValueError(f"attn_softcap={cap} caps the score matrix Q K^T, which attention={c.names['attention']} never "
-                     f"forms; leave attn_softcap null or choose attention={scoring_attention()}")
-
-
-def sink_needs_scores(c: Choices) -> None:
-    """model.attn_sink adds a logit to the softmax denominator over the scores, so it needs them too."""
-    sink = c.fields["attn_sink"]
-    if sink == "none" or c.classes["attention"].forms_scores:
-        return
-    raise ValueError(f"attn_sink={sink} adds a logit to the softmax over the score matrix Q K^T, which "
-                     f"attention={c.names['attention']} never forms (its kernel feature map has no softmax "
-                     f"denominator to add it to); set attn_sink=none or choose attention={scoring_attention()}")
-
-
-def gate_needs_the_layers_projections(c: Choices) -> None:
-    """model.attn_gate scales each head's output between the kernel and the layer's output projection; a kind that
-    projects its input and output itself (`projects`: latent attention) has no such point in the layer."""
-    gate = c.fields["attn_gate"]
-    if gate == "none" or not c.classes["attention"].projects:
-        return
-    raise ValueError(f"attn_gate={gate} gates each head's output before the layer's output projection, which "
-                     f"attention={c.names['attention']} applies inside its own kernel (with heads of its own "
-                     f"v_head_dim); set attn_gate=none or choose attention="
-                     f"{' or '.join(n for n in ATTENTION.names() if not ATTENTION.get(n).projects)}")
 
 
 def patch_positions_need_images(c: Choices) -> None:
@@ -100,24 +71,48 @@ def attention_takes_the_encoding(c: Choices) -> None:
                      f"pos={' or '.join(fitting)}, or another attention kind")
 
 
-def mtp_shares_the_encoding(c: Choices) -> None:
-    """model.mtp's modules attend with the stack's positional encoding; one with a table per layer (Shaw, DeBERTa:
-    `content_bias`) has none for them."""
-    from archsweep.variants.pos.base import PositionalEncoding  # here: the rules module itself needs no torch
+def _capabilities() -> dict[str, tuple[Callable[[Choices], bool], str, Callable[[], str]]]:
+    """What each capability a plug-in may require (`plugins.base`) asks of the choices: (offered?, what it is,
+    the choices that offer it)."""
+    from archsweep.variants.model import CAUSAL, KIND
+    from archsweep.variants.plugins import base
 
-    mtp, pos = c.fields.get("mtp", 0), c.classes["pos"]
-    if not mtp or pos.content_bias is PositionalEncoding.content_bias:
-        return
-    fitting = [n for n in POS.names() if POS.get(n).content_bias is PositionalEncoding.content_bias
-               and not POS.get(n).image_only]
-    raise ValueError(f"mtp={mtp} cannot be used with pos={c.names['pos']}: its score terms are learned per layer of "
-                     f"the stack, and the prediction modules' blocks are not among those layers; choose "
-                     f"pos={' or '.join(fitting)}, or set model.mtp=0")
+    return {
+        base.SCORES: (lambda c: c.classes["attention"].forms_scores, "the score matrix Q K^T, which attention="
+                      "{attention} never forms", lambda: f"attention={scoring_attention()}"),
+        base.PROJECTIONS: (lambda c: not c.classes["attention"].projects, "the layer's own q, k, v and output "
+                           "projections, which attention={attention} replaces with its own",
+                           lambda: "attention=" + " or ".join(n for n in ATTENTION.names()
+                                                              if not ATTENTION.get(n).projects)),
+        base.CAUSAL_STACK: (lambda c: c.classes["kind"].form == CAUSAL, "one causal stack over one sequence, which "
+                            "kind={kind} is not", lambda: "model=" + " or ".join(kinds_of((CAUSAL,)))),
+        base.FIRST_LAYER: (lambda c: True, "", lambda: ""),
+        "model_hooks": (lambda c: c.classes["kind"].model_hooks, "a kind that calls the model plug-ins' hooks, "
+                        "which kind={kind} does not", lambda: "model=" + " or ".join(
+                            n for n in KIND.names() if KIND.get(n).model_hooks)),
+    }
 
 
-RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, softcap_needs_scores, sink_needs_scores,
-                                          gate_needs_the_layers_projections, patch_positions_need_images,
-                                          attention_takes_the_encoding, mtp_shares_the_encoding]
+def plugins_get_what_they_require(c: Choices) -> None:
+    """Each plug-in's `requires`, checked against what the chosen kind and attention kind offer; then the plug-in's
+    own `check_choices`."""
+    from archsweep.variants.plugins.base import ModelPlugin
+
+    capabilities = _capabilities()
+    for name, cls in c.plugins.items():
+        needs = set(cls.requires) | ({"model_hooks"} if issubclass(cls, ModelPlugin) else set())
+        for need in sorted(needs):
+            if need not in capabilities:
+                raise ValueError(f"{name} requires {need!r}, which is not a known capability; valid: "
+                                 f"{', '.join(capabilities)}")
+            offered, what, fitting = capabilities[need]
+            if not offered(c):
+                raise ValueError(f"{name} needs {what.format(**c.names)}; set {name}=none or choose {fitting()}")
+        cls.check_choices(c)
+
+
+RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, patch_positions_need_images,
+                                          attention_takes_the_encoding, plugins_get_what_they_require]
 
 
 def check_rules(choices: Choices) -> None:

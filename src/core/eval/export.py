@@ -19,6 +19,7 @@ from typing import Any
 from archsweep.core.model.checkpoint import read_checkpoint, resolve_checkpoint
 from archsweep.core.model.config import ModelConfig
 from archsweep.core.model.hf import layout_for
+from archsweep.core.model.hf.layouts import to_hf
 
 USAGE = "archsweep-export ckpt=<run directory or .ckpt> out=<new or empty folder>"
 SPECIAL_NAMES = {"pad_id": "pad_token", "bos_id": "bos_token", "eos_id": "eos_token", "sep_id": "sep_token"}
@@ -78,7 +79,7 @@ def export(ckpt: str | Path, out: str | Path) -> list[Path]:
     cfg = ModelConfig.from_dict(state["archsweep"]["model_config"])
     layout = layout_for(cfg)
     ours = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
-    weights = layout.to_hf(cfg, ours)
+    weights = to_hf(layout, cfg, ours)
     codec = state["archsweep"].get("codec")
     config = {"architectures": [layout.architecture], "model_type": layout.model_type, "torch_dtype": "float32",
               **layout.hf_config(cfg)}

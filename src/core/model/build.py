@@ -28,7 +28,9 @@ from archsweep.variants.hooks import active_parameters
 from archsweep.variants.init import init_weights
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM
-from archsweep.variants.norm.base import make_norm
+from archsweep.variants.norm_type import build_norm
+from archsweep.variants.plugins import PLUGIN
+from archsweep.variants.plugins.base import AttentionPlugin, ModelPlugin, OutputPlugin, OutputPlugins
 from archsweep.variants.pos import POS
 
 __all__ = ["COUNTS", "ModelConfig", "build_model", "count_parameters", "flop_count", "flops_per_token",
@@ -50,43 +52,58 @@ class Parts:
     def head(self, embedding: TokenEmbedding) -> LMHead:
         cfg = self.cfg
         return LMHead(cfg.d_model, cfg.vocab_size, cfg.output_bias, embedding if cfg.tie_embeddings else None,
-                      cfg.logit_softcap, cfg.z_loss)
+                      self.output_plugins())
+
+    def norm(self, dim: int | None = None) -> nn.Module:
+        """A norm of the chosen type over `dim` channels (default d_model)."""
+        cfg = self.cfg
+        return build_norm(cfg.norm_type, dim or cfg.d_model, cfg.norm_eps, cfg.norm_bias)
 
     def context(self, role: str, causal: bool) -> dict[str, Any]:
         """What the variants of a stack in `role` may ask for: the sizes, the place, the norm factory."""
-        cfg = self.cfg
-        norm = functools.partial(make_norm, cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
-        return {**self.sizes, "causal": causal, "role": role, "make_norm": norm}
+        return {**self.sizes, "causal": causal, "role": role, "make_norm": self.norm}
+
+    def plugins(self, point: type, context: dict[str, Any], keep: Callable[[type], bool] = lambda cls: True
+                ) -> dict[str, Any]:
+        """The chosen plug-ins of the hook point `point` (those `keep` accepts), built with `context`, by name."""
+        out = {}
+        for name, options in self.cfg.plugins.items():
+            cls = self.cfg.plugin(name)
+            if issubclass(cls, point) and keep(cls):
+                out[name] = PLUGIN.build({"name": name, **options}, context)
+        return out
+
+    def output_plugins(self) -> OutputPlugins:
+        return OutputPlugins(self.plugins(OutputPlugin, self.sizes))
+
+    def model_plugins(self) -> dict[str, Any]:
+        return self.plugins(ModelPlugin, {**self.sizes, "parts": self})
 
     def block(self, role: str, layer: int, causal: bool, cross: bool = False) -> Block:
         """Layer `layer` of a stack in `role`: self-attention of the chosen kind (cross-attention too), the FFN, each
-        wrapped by the norm placement."""
+        wrapped by the norm placement; the attention plug-ins built for each attention layer."""
         cfg, sizes = self.cfg, self.sizes
-        context = self.context(role, causal)
-        attn_args = (cfg.d_model, cfg.n_heads, cfg.kv_heads, sizes["attn_dropout"], cfg.bias)
-        qk_norm = functools.partial(make_norm, cfg.qk_norm, eps=cfg.norm_eps, bias=cfg.norm_bias) \
-            if cfg.qk_norm is not None else None  # called with head_dim
+        context = {**self.context(role, causal), "layer": layer}
+        attn_args = (cfg.d_model, cfg.n_heads, cfg.kv_heads, sizes["attn_dropout"], cfg.bias, layer)
+        cross_attn = CrossAttention(*attn_args, self.plugins(AttentionPlugin, context, lambda c: c.cross)) \
+            if cross else None
         return Block(
-            SelfAttention(*attn_args, layer=layer, kernel=ATTENTION.build(cfg.attention, {**context, "layer": layer}),
-                          qk_norm=qk_norm, value_residual=cfg.value_residual, value_lambda=cfg.value_residual_lambda,
-                          gate=cfg.attn_gate, sink=cfg.attn_sink),
+            SelfAttention(*attn_args, kernel=ATTENTION.build(cfg.attention, context),
+                          plugins=self.plugins(AttentionPlugin, context)),
             FFN.build(cfg.ffn, context),
             functools.partial(NORM.build, cfg.norm, context),
-            CrossAttention(*attn_args, layer=layer, qk_norm=qk_norm, softcap=cfg.attn_softcap) if cross else None,
+            cross_attn,
         )
 
     def final_norm(self) -> nn.Module | None:
         """The norm a stack ends with, where the placement wants one (pre-norm: yes; post-norm: none)."""
-        cfg = self.cfg
-        return make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.variant("norm").final_norm \
-            else None
+        return self.norm() if self.cfg.variant("norm").final_norm else None
 
     def stack(self, role: str, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool) -> Stack:
         cfg, sizes = self.cfg, self.sizes
         blocks = [self.block(role, i, causal, cross) for i in range(n_layers)]
         pos = POS.build(cfg.pos, {**self.context(role, causal), **cfg.pos_sizes()})
-        stack = Stack(embedding, pos, blocks, self.final_norm(), causal, sizes["emb_dropout"],
-                      cfg.attn_softcap)
+        stack = Stack(embedding, pos, blocks, self.final_norm(), causal, sizes["emb_dropout"])
         stack.checkpointing = cfg.activation_checkpointing
         return stack
 

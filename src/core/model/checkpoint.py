@@ -80,13 +80,11 @@ def safe_load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A train.py checkpoint as a dict, loaded safely (`safe_load`), its `archsweep` entry upgraded if old."""
-    from archsweep.core.model.legacy import upgrade
+    """A train.py checkpoint as a dict, loaded safely (`safe_load`), its `archsweep` entry and weights' names
+    upgraded if old."""
+    from archsweep.core.model.legacy import upgrade_checkpoint
 
-    ckpt = safe_load(path)
-    if "archsweep" in ckpt:
-        ckpt["archsweep"] = upgrade(ckpt["archsweep"])  # runs written before the rename load too
-    return ckpt
+    return upgrade_checkpoint(safe_load(path))  # runs written before the rename and the plug-ins load too
 
 
 def load_model(path: str | Path, device: str = "cpu"):

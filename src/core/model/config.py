@@ -1,32 +1,36 @@
 """Typed model configuration and its validation.
 
-`ModelConfig` holds the structural sizes of the architecture and, per axis (`kind`, `norm`, `pos`, `ffn`,
-`attention`), the chosen variant: an option name (the name of its yaml in `conf/<axis>/`) or a mapping of the name
-and the variant's own options (`{"name": <option>, <its option>: <value>}`; from Hydra, the yaml's `_target_` and
-options). The axes and their options come from the registries in `archsweep.variants`; nothing here names a
-variant. `validate()` refuses
-impossible combinations with a message that names the field, the value and the fix, before any weight is
-allocated, asking each chosen variant for its own constraints.
+`ModelConfig` holds the structural sizes of the architecture; per axis (`kind`, `norm`, `norm_type`, `pos`,
+`ffn`, `attention`) the chosen variant: an option name (the name of its yaml in `conf/<axis>/`) or a mapping of the
+name and the variant's own options (`{"name": <option>, <its option>: <value>}`; from Hydra, the yaml's
+`_target_` and options); and the chosen plug-ins (`plugins`: {plug-in name: its options}, `archsweep.variants.
+plugins`). It is also the `model` group's schema in Hydra's ConfigStore (`schema_model`), so a value of the wrong
+type is refused while the config is composed. The axes, plug-ins and their options come from the registries in
+`archsweep.variants`; nothing here names a variant. `validate()` refuses impossible combinations with a message
+that names the field, the value and the fix, before any weight is allocated, asking each chosen variant and
+plug-in for its own constraints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from archsweep.variants.attention import ATTENTION, GATES, SINKS
+from archsweep.variants.attention import ATTENTION
 from archsweep.variants.ffn import FFN
-from archsweep.variants.model import CAUSAL, KIND, kinds_of
-from archsweep.variants.norm import NORM, NORM_TYPES
+from archsweep.variants.model import KIND
+from archsweep.variants.norm import NORM
+from archsweep.variants.norm_type import NORM_TYPE
+from archsweep.variants.plugins import PLUGIN
 from archsweep.variants.pos import POS
 from archsweep.variants.registry import Registry, close_match
 from archsweep.variants.rules import Choices, check_rules
 
 INITS = ("xavier", "gpt2")
 STRATEGIES = ("greedy", "beam", "sample")
-VALUE_RESIDUALS = ("fixed", "learnable")  # model.value_residual; null: off
 
 
 def check_choice(name: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
@@ -41,7 +45,7 @@ class ModelConfig:
     """Everything needed to build a model. Defaults are the 2017 paper's base model choices."""
 
     kind: str = KIND.default
-    vocab_size: int = 32000  # target vocabulary (the only one for single-stack kinds)
+    vocab_size: int | None = 32000  # target vocabulary (the only one for single-stack kinds); None: from the task
     src_vocab_size: int | None = None  # source vocabulary of a source-target kind; None = same as vocab_size
     d_model: int = 512
     n_heads: int = 8
@@ -55,14 +59,15 @@ class ModelConfig:
     emb_dropout: float | None = None  # after embedding + absolute position; None = dropout
 
     # a variant field: its registry in the field's metadata (a new axis is one such field, a registry, a group)
-    norm: str | dict[str, Any] = dataclasses.field(default=NORM.default, metadata={"registry": NORM})  # placement
-    norm_type: str = "layernorm"  # layernorm | rmsnorm | dyt (Dynamic Tanh: no normalisation)
+    norm: Any = dataclasses.field(default=NORM.default, metadata={"registry": NORM})  # placement
+    norm_type: Any = dataclasses.field(default=NORM_TYPE.default, metadata={"registry": NORM_TYPE})
     norm_eps: float = 1e-5
     norm_bias: bool = True  # LayerNorm's additive bias (beta); false: LayerNorm without bias (RMSNorm has none)
-    pos: str | dict[str, Any] = dataclasses.field(default=POS.default, metadata={"registry": POS})
-    ffn: str | dict[str, Any] = dataclasses.field(default=FFN.default, metadata={"registry": FFN})
-    attention: str | dict[str, Any] = dataclasses.field(default=ATTENTION.default,  # self-attention kind
-                                                        metadata={"registry": ATTENTION})
+    pos: Any = dataclasses.field(default=POS.default, metadata={"registry": POS})
+    ffn: Any = dataclasses.field(default=FFN.default, metadata={"registry": FFN})
+    attention: Any = dataclasses.field(default=ATTENTION.default, metadata={"registry": ATTENTION})  # self-attention
+    # the chosen plug-ins (`archsweep.variants.plugins`), {name: its options}; a name whose value is None is off
+    plugins: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     bias: bool = True  # biases in attention and FFN projections
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
@@ -71,30 +76,17 @@ class ModelConfig:
     output_bias: bool = False
     init: str = "xavier"  # xavier (2017 paper) | gpt2 (normal 0.02, residual projections / sqrt(2 n_layers))
 
-    n_classes: int = 2  # pooled sequence head of a bidirectional kind
+    n_classes: int | None = 2  # pooled sequence head of a bidirectional kind; None: from the task
     pooling: str = "cls"  # cls (first token, BERT) | mean (over real tokens)
 
     # image kinds (their `own_fields`; an image task sets the sizes of its images)
-    image_size: int | list[int] | None = None  # [H, W] of the input images (one int: square)
+    image_size: Any = None  # [H, W] of the input images (one int: square)
     patch_size: int = 16  # P: the image is cut into P x P patches (the paper's ViT-B/16)
-    in_channels: int = 3  # C: colour channels of the input images
+    in_channels: int | None = 3  # C: colour channels of the input images; None: from the task
     head_hidden: int | None = None  # hidden width of the MLP head (dense + tanh); None: one linear layer
 
     activation_checkpointing: bool = False
-
-    # stability options of recent models (each off by default)
-    qk_norm: str | None = None  # layernorm | rmsnorm of queries and keys per head, after rotary (Dehghani et al. 2023)
-    attn_softcap: float | None = None  # attention scores -> c tanh(scores / c) (Gemma 2); needs a score matrix
-    logit_softcap: float | None = None  # output logits -> c tanh(logits / c) (Gemma 2)
-    z_loss: float = 0.0  # weight of the auxiliary loss log(Z)^2 of the output softmax (PaLM: 1e-4)
-    value_residual: str | None = None  # fixed | learnable: v_n <- l1 v_n + l2 v_1 (ResFormer, Zhou et al. 2024)
-    value_residual_lambda: float = 0.5  # lambda2 (lambda1 = 1 - lambda2): fixed, or the learnable ones' start
-    attn_gate: str = "none"  # headwise | elementwise: sigmoid gate on each head's output (Qiu et al. 2025)
-    attn_sink: str = "none"  # learned | off_by_one: a sink logit per head in the softmax denominator (gpt-oss)
-
-    # multi-token prediction (DeepSeek-V3): sequential modules predicting tokens t+2 .. t+1+mtp in training only
-    mtp: int = 0  # prediction depths (modules); 0: off
-    mtp_weight: float = 0.3  # weight of their mean loss (DeepSeek-V3: 0.3, later 0.1)
+    init_from: str | None = None  # a Hugging Face model folder the run's weights start from (train.py reads it)
 
     @property
     def head_dim(self) -> int:
@@ -123,9 +115,18 @@ class ModelConfig:
         """The chosen variant's own options on `axis`, defaults filled in."""
         return {} if axis == "kind" else AXES[axis].resolve(getattr(self, axis))[2]
 
+    def plugin(self, name: str) -> type:
+        """The class of the chosen plug-in `name`."""
+        return PLUGIN.resolve({"name": name, **(self.plugins[name] or {})})[1]
+
+    def plugin_options(self, name: str) -> dict[str, Any]:
+        return PLUGIN.resolve({"name": name, **(self.plugins[name] or {})})[2]
+
     def sizes(self) -> dict[str, Any]:
-        """Every field but the variant choices, with the derived sizes resolved: what a variant may ask for."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in AXES}
+        """Every field but the variant and plug-in choices, with the derived sizes resolved: what a variant may ask
+        for."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in AXES and f.name not in ("plugins", "init_from")}
         dropout = self.dropout
         return {**values, "head_dim": self.head_dim, "n_kv_heads": self.kv_heads,
                 "n_decoder_layers": self.decoder_layers,
@@ -157,21 +158,23 @@ class ModelConfig:
 
         The sizes are checked first and import nothing heavy; asking the variants for their constraints imports
         them (and torch)."""
-        check_choice("norm_type", self.norm_type, list(NORM_TYPES))
         check_choice("init", self.init, INITS)
         self._check_sizes()
         self._check_heads()
         self._check_dropouts()
-        self._check_stability()
-        self._check_mtp()
         for axis, registry in AXES.items():
             setattr(self, axis, registry.spec(getattr(self, axis)))
+        self.plugins = canonical_plugins(self.plugins)
         self._check_kind_fields()
         self._check_rules()
         sizes = self.sizes()
         self.variant("kind").check(sizes, {})
         for axis in sorted(AXES, key=lambda a: a != "attention"):  # the attention kind sizes the encoding's heads
-            self.variant(axis).check(self.pos_sizes() if axis == "pos" else sizes, self.options(axis))
+            check = getattr(self.variant(axis), "check", None)  # a norm type is a plain module: no check
+            if check is not None:
+                check(self.pos_sizes() if axis == "pos" else sizes, self.options(axis))
+        for name in self.plugins:
+            self.plugin(name).check(sizes, self.plugin_options(name))
         return self
 
     def pos_sizes(self) -> dict[str, Any]:
@@ -185,7 +188,7 @@ class ModelConfig:
         package included), before each variant checks its own sizes."""
         axes = ["kind", *AXES]
         check_rules(Choices({a: self.choice(a) for a in axes}, {a: self.variant(a) for a in axes}, self.sizes(),
-                            {a: self.options(a) for a in AXES}))
+                            {a: self.options(a) for a in AXES}, {n: self.plugin(n) for n in self.plugins}))
 
     def _check_sizes(self) -> None:
         positive = ["vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "n_classes"]
@@ -193,7 +196,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is None and name not in positive:
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value is None or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be positive (1e-5 is the usual value)")
@@ -205,38 +208,6 @@ class ModelConfig:
         if self.n_heads % self.kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                              f"(grouped-query attention shares each key/value head among n_heads/n_kv_heads heads)")
-
-    def _check_stability(self) -> None:
-        if self.qk_norm is not None:
-            check_choice("qk_norm", self.qk_norm, list(NORM_TYPES))
-        for name in ("attn_softcap", "logit_softcap"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise ValueError(f"{name}={value!r} must be a positive cap (Gemma 2: 50 for attention, 30 for "
-                                 f"logits) or null for none")
-        if isinstance(self.z_loss, bool) or not isinstance(self.z_loss, (int, float)) or self.z_loss < 0:
-            raise ValueError(f"z_loss={self.z_loss!r} must be a weight >= 0 (PaLM: 1e-4; 0 turns it off)")
-        if self.value_residual is not None:
-            check_choice("value_residual", self.value_residual, list(VALUE_RESIDUALS))
-        check_choice("attn_gate", self.attn_gate, GATES)
-        check_choice("attn_sink", self.attn_sink, SINKS)
-        lam = self.value_residual_lambda
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= lam <= 1.0:
-            raise ValueError(f"value_residual_lambda={lam!r} must be a number in [0, 1], the weight of the first "
-                             f"layer's values (ResFormer: 0.5)")
-
-    def _check_mtp(self) -> None:
-        if isinstance(self.mtp, bool) or not isinstance(self.mtp, int) or self.mtp < 0:
-            raise ValueError(f"mtp={self.mtp!r} must be a number of prediction depths >= 0 (DeepSeek-V3: 1; 0 off)")
-        weight = self.mtp_weight
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise ValueError(f"mtp_weight={weight!r} must be a weight >= 0 (DeepSeek-V3: 0.3, then 0.1)")
-        form = KIND.get(self.kind).form
-        if self.mtp and form != CAUSAL:
-            raise ValueError(f"mtp={self.mtp} needs a causal stack over one sequence, kind="
-                             f"{' or '.join(kinds_of((CAUSAL,)))}: its modules extend the hidden state of position i "
-                             f"with token i+k to predict token i+k+1, and kind={self.kind} reads its data as {form}; "
-                             f"set model.mtp=0")
 
     def _check_dropouts(self) -> None:
         for name in ("dropout", "attn_dropout", "emb_dropout"):
@@ -259,7 +230,28 @@ class ModelConfig:
                                  f"({defaults[field]!r}) for kind={self.kind}")
 
 AXES: dict[str, Registry] = {f.name: f.metadata["registry"] for f in dataclasses.fields(ModelConfig)
-                             if "registry" in f.metadata}  # variant fields with options: norm, pos, ffn, attention
+                             if "registry" in f.metadata}  # variant fields with options: norm, pos, ffn, ...
+
+
+def canonical_plugins(plugins: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """{name: options, defaults filled (and `_target_` for a class outside this package)}, by name; entries set to
+    None (a group's `none` option) are left out."""
+    if not isinstance(plugins, Mapping):
+        raise ValueError(f"plugins={plugins!r} must map plug-in names to their options, e.g. {{attn_gate: {{}}}}")
+    out = {}
+    for name in sorted(plugins):
+        value = plugins[name]
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise ValueError(f"plugins.{name}={value!r} must be the plug-in's options (a mapping, {{}} for its "
+                             f"defaults) or null for off")
+        spec = PLUGIN.spec({"name": name, **value})
+        if spec.pop("name") != name:
+            raise ValueError(f"plugins.{name}: its _target_ is registered as another plug-in; give the name it is "
+                             f"registered under")
+        out[name] = spec
+    return out
 
 
 def check_doc_mask(cfg: ModelConfig) -> None:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from archsweep.core.data.tasks.base import IGNORE_INDEX
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, by_length, row_stats, token_hits
+from archsweep.core.model.legacy import reorder_optimizer_state
 from archsweep.core.train.launch.shard import shard_model
 from archsweep.core.train.optimisers.optim import make_optimizer, make_scheduler
 from archsweep.variants.hooks import collect_aux_losses, collect_diagnostics, step_updates
@@ -162,6 +163,18 @@ class LitModel(L.LightningModule):
                 for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs,
                                                scheduler.lr_lambdas, strict=True):
                     group["lr"] = base * factor(scheduler.last_epoch)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of a model built before the plug-ins registered some parameters in another order: its
+        optimizer state is put in today's order (core/model/legacy.py)."""
+        old_order = checkpoint.get("archsweep", {}).get("legacy_order")
+        if old_order is None or not checkpoint.get("optimizer_states"):
+            return
+        names = {id(p): f"model.{n}" for n, p in self.model.named_parameters()}
+        fresh = make_optimizer(self.model, self.optim_cfg)  # only its groups are read: which parameters, in order
+        groups = [[names[id(p)] for p in g["params"]] for g in fresh.param_groups]
+        checkpoint["optimizer_states"][0] = reorder_optimizer_state(checkpoint["optimizer_states"][0], groups,
+                                                                    old_order)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["archsweep"] = {**self.meta, "model_config": self.model.config.to_dict()}

@@ -36,10 +36,10 @@ class AttnContext:
     cache: KVCache | None
     device: torch.device
     content_bias: Callable[[Tensor, Tensor, int], Tensor | None] = lambda q, k, layer: None  # per layer (Shaw)
-    softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2); None: off
     first_values: Tensor | None = None  # value residual: the first layer's new values (B, Hkv, Tq, Dh), set by it
     doc_ids: Tensor | None = None  # (B, Tk) document of every key, cached first; a query sees only its own document
-    sink: Tensor | None = None  # (H,) sink logits of the layer attending now (set by it; gates.py), None: no sink
+    sink: Tensor | None = None  # (H,) sink logits of the layer attending now (set by it: a plug-in's `sink()`)
+    score_mod: Callable[[Tensor], Tensor] | None = None  # the layer's plug-ins' `score_mod` on the scores; None: off
     memo: dict[Any, Any] = field(default_factory=dict)
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -130,14 +130,16 @@ def repeat_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float,
-           record: list[Tensor] | None, softcap: float | None = None, sink: Tensor | None = None) -> Tensor:
+           record: list[Tensor] | None, score_mod: Callable[[Tensor], Tensor] | None = None,
+           sink: Tensor | None = None) -> Tensor:
     """Softmax attention. q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh).
 
     SDPA, with its own `dropout_p`, on every device. Two things need the probabilities themselves and take the
     explicit path (the same on every device; without dropout its outputs equal SDPA's): `record` (a list: the
-    probabilities are appended to it) and `softcap` c, which caps the scores to c * tanh(scores / c) before
-    masking (SDPA has no hook for it). There dropout is `F.dropout` on the probabilities. `sink` (H,): one more
-    logit per head in the denominator (`with_sink`); recorded probabilities leave its share out.
+    probabilities are appended to it) and `score_mod`, a function of the (B, H, Tq, Tk) scores applied before
+    masking (a soft-cap, a temperature: SDPA has no hook for it). There dropout is `F.dropout` on the
+    probabilities. `sink` (H,): one more logit per head in the denominator (`with_sink`); recorded probabilities
+    leave its share out.
     """
     k, v = repeat_kv(q, k, v)
     if sink is not None:
@@ -145,11 +147,11 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
         is_causal = False
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    if record is None and softcap is None:
+    if record is None and score_mod is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
+    if score_mod is not None:
+        scores = score_mod(scores)
     if is_causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
     if mask is not None:

@@ -22,4 +22,4 @@ class FullAttention(AttentionKernel):
         if ctx.cache is not None:
             k, v = ctx.cache.append(self.layer, k, v)  # (B, Hkv, cached + T, Dh)
         mask, is_causal = ctx.layer_mask(q, k, self.layer)
-        return attend(q, k, v, mask, is_causal, dropout, record, ctx.softcap, ctx.sink)
+        return attend(q, k, v, mask, is_causal, dropout, record, ctx.score_mod, ctx.sink)

@@ -9,32 +9,36 @@ Inside `capture_attention(model)` each layer records its attention probabilities
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend
-from archsweep.variants.attention.gates import AttentionSink, OutputGate
 from archsweep.variants.cache import KVCache
 from archsweep.variants.flops import Shape, children_flops, linear_flops
+from archsweep.variants.plugins.base import AttentionPlugin, hooks_of
 
 
 class Attention(nn.Module):
-    """Shared sizes and output projection of self- and cross-attention."""
+    """Shared sizes, output projection and plug-ins (`plugins/base.py`: `AttentionPlugin`) of self- and
+    cross-attention. The plug-ins are registered before the input projections, so they initialise in that order."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
-                 qk_norm: Callable[[int], nn.Module] | None = None) -> None:
+                 plugins: Mapping[str, AttentionPlugin] | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.layer = layer  # index into the KV cache
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
-        # QK-norm (Dehghani et al. 2023; OLMo-2): queries and keys normalised per head over Dh, after rotary
-        self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
-        self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
-        self.qk_norm = qk_norm is not None  # off: no Identity calls (a module call is measurable when decoding)
+        self.plugins = nn.ModuleDict(plugins or {})
+        hooks = hooks_of(self.plugins, AttentionPlugin)  # names per hook: no plug-in, no call
+        self.qk_hooks, self.value_hooks, self.output_hooks = hooks["qk"], hooks["values"], hooks["output"]
+        self.score_hooks, self.sink_hook = hooks["score_mod"], hooks["sink"]
+        if len(self.sink_hook) > 1:
+            raise ValueError(f"plug-ins {' and '.join(self.sink_hook)} both add a sink logit; choose one")
         self.record: list[Tensor] | None = None  # set by capture_attention
 
     def split_heads(self, x: Tensor, heads: int) -> Tensor:
@@ -48,46 +52,56 @@ class Attention(nn.Module):
     def p_drop(self) -> float:
         return self.dropout if self.training else 0.0
 
+    def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        for name in self.qk_hooks:
+            q, k = self.plugins[name].qk(q, k)
+        return q, k
+
+    def score_mod(self) -> Callable[[Tensor], Tensor] | None:
+        """The plug-ins' `score_mod`, one after another; None when no plug-in has one (SDPA's fast path)."""
+        if not self.score_hooks:
+            return None
+        if len(self.score_hooks) == 1:
+            return self.plugins[self.score_hooks[0]].score_mod
+        mods = [self.plugins[name].score_mod for name in self.score_hooks]
+        return functools.partial(_chain, mods)
+
+
+def _chain(mods: list[Callable[[Tensor], Tensor]], scores: Tensor) -> Tensor:
+    for mod in mods:
+        scores = mod(scores)
+    return scores
+
 
 class SelfAttention(Attention):
-    """`value_residual` (ResFormer, Zhou et al. 2024, arXiv 2410.17897): every layer after the first mixes its
-    values with the first layer's, v_n <- lambda1 v_n + lambda2 v_1, before attending (so the KV cache and every
-    attention kind see the mixed values). "fixed": lambda1 = 1 - lambda2, lambda2 = `value_lambda` (the paper's
-    1/2, 1/2); "learnable" (the paper's Learnable-ResFormer; modded-nanogpt learns them too): two scalars per
-    layer, starting there; None: off. `gate` and `sink` (gates.py): an output gate per head or channel, and a sink
-    logit per head in the softmax denominator; "none": off."""
+    """Self-attention of the chosen kind (`kernel`), with its plug-ins called at their hooks: `qk` after the
+    rotation, `values` before attending, `score_mod` and `sink` inside the kernel, `output` before the output
+    projection."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
-                 kernel: AttentionKernel, qk_norm: Callable[[int], nn.Module] | None = None,
-                 value_residual: str | None = None, value_lambda: float = 0.5, gate: str = "none",
-                 sink: str = "none") -> None:
-        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, qk_norm)
-        self.gate = OutputGate(d_model, n_heads, self.head_dim, gate, bias) if gate != "none" else None
-        self.sink = AttentionSink(n_heads, self.head_dim, sink) if sink != "none" else None
+                 kernel: AttentionKernel, plugins: Mapping[str, AttentionPlugin] | None = None) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, plugins)
         if kernel.projects:  # latent attention: the kind projects the input and its output itself
             self.qkv_proj = self.out_proj = None
         else:
             self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
         self.kernel = kernel
-        self.value_residual = value_residual
-        lambdas = torch.tensor([1.0 - value_lambda, value_lambda])  # (lambda1, lambda2)
-        if value_residual == "learnable" and layer > 0:
-            self.value_lambdas = nn.Parameter(lambdas)
-        else:
-            self.register_buffer("value_lambdas", lambdas, persistent=False)
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
-        ctx.sink = self.sink.logits if self.sink is not None else None
+        ctx.sink = self.plugins[self.sink_hook[0]].sink() if self.sink_hook else None
+        ctx.score_mod = self.score_mod()
         if self.qkv_proj is None:
             return self.kernel.project_attend(x, ctx, self.p_drop(), self.record)
         q, k, v = self.split_qkv(self.qkv_proj(x))
         q, k = ctx.rotate_qk(q, k, ctx.positions)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.value_residual is not None:
-            v = self.mix_values(v, ctx)
+        if self.qk_hooks:
+            q, k = self.norm_qk(q, k)
+        for name in self.value_hooks:
+            v = self.plugins[name].values(v, ctx)
         y = self.kernel(q, k, v, ctx, self.p_drop(), self.record)  # (B, H, T, Dh)
-        return self.merge_heads(y if self.gate is None else self.gate(x, y))
+        for name in self.output_hooks:
+            y = self.plugins[name].output(x, y)
+        return self.merge_heads(y)
 
     def split_qkv(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, (H + 2 Hkv) Dh) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh); the same values either way."""
@@ -99,14 +113,6 @@ class SelfAttention(Attention):
         q, k, v = self.split_heads(qkv, h + 2 * hkv).split([h, hkv, hkv], dim=1)
         return q, k, v
 
-    def mix_values(self, v: Tensor, ctx: AttnContext) -> Tensor:
-        """The first layer keeps its values for the others; a later one returns lambda1 v + lambda2 v_1. Values
-        are mixed per token, so a decoding step needs only the first layer's values of its own new tokens."""
-        if self.layer == 0:
-            ctx.first_values = v  # (B, Hkv, T, Dh)
-            return v
-        return self.value_lambdas[0] * v + self.value_lambdas[1] * ctx.first_values
-
     def flops(self, shape: Shape) -> float:
         """Projections per token, and the kernel's core over the keys each query sees."""
         core = self.kernel.flops_per_token(shape.length, shape.causal, self.n_heads, self.head_dim)
@@ -114,26 +120,27 @@ class SelfAttention(Attention):
 
 
 class CrossAttention(Attention):
-    """Decoder queries over encoder output ("memory"); no positional encoding acts here, as in T5."""
+    """Decoder queries over encoder output ("memory"); no positional encoding acts here, as in T5. Plug-ins built
+    for it (`cross`) act at `qk` and `score_mod`."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, dropout: float, bias: bool, layer: int,
-                 qk_norm: Callable[[int], nn.Module] | None = None, softcap: float | None = None) -> None:
-        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, qk_norm)
-        self.softcap = softcap
+                 plugins: Mapping[str, AttentionPlugin] | None = None) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, dropout, bias, layer, plugins)
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=bias)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
         q = self.split_heads(self.q_proj(x), self.n_heads)
-        q = self.q_norm(q) if self.qk_norm else q
         if cache is not None and self.layer in cache.cross:
-            k, v = cache.cross[self.layer]
+            k, v = cache.cross[self.layer]  # projected once per sequence; the plug-ins act on every call
         else:
             k, v = self.kv_proj(memory).chunk(2, dim=-1)
-            k, v = self.k_norm(self.split_heads(k, self.n_kv_heads)), self.split_heads(v, self.n_kv_heads)
+            k, v = self.split_heads(k, self.n_kv_heads), self.split_heads(v, self.n_kv_heads)
             if cache is not None:
                 cache.cross[self.layer] = (k, v)
-        return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record, self.softcap))
+        if self.qk_hooks:
+            q, k = self.norm_qk(q, k)
+        return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record, self.score_mod()))
 
     def flops(self, shape: Shape) -> float:
         """Queries and output per decoder token; keys and values per encoder position; each query scores and

@@ -75,11 +75,6 @@ class LatentAttention(AttentionKernel):
         if sizes["n_kv_heads"] != sizes["n_heads"]:
             raise ValueError(f"n_kv_heads={sizes['n_kv_heads']} does not apply to attention=mla: every head's keys and "
                              f"values come from one shared latent; leave n_kv_heads null")
-        for field, why in (("qk_norm", "its latents are RMS-normalised already and its keys are expanded per step"),
-                           ("value_residual", "its values are decompressed from the cached latent, not cached")):
-            if sizes[field] is not None:
-                raise ValueError(f"{field}={sizes[field]!r} cannot be used with attention=mla ({why}); leave {field} "
-                                 f"null or choose another attention kind")
 
     @classmethod
     def rotary_dim(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> int:
@@ -116,7 +111,7 @@ class LatentAttention(AttentionKernel):
         k = torch.cat([k_nope, k_rot.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1)  # (B, H, Tk, nope + rope)
         q = torch.cat([q_nope, q_rot], dim=-1)
         mask, is_causal = ctx.layer_mask(q, k, self.layer)
-        y = attend(q, k, v, mask, is_causal, dropout, record, ctx.softcap, ctx.sink)  # (B, H, T, v)
+        y = attend(q, k, v, mask, is_causal, dropout, record, ctx.score_mod, ctx.sink)  # (B, H, T, v)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.v_dim))
 
     def value_output_weights(self) -> list[Tensor]:

@@ -72,7 +72,7 @@ class SlidingWindowAttention(AttentionKernel):
             if ctx.cache is not None:
                 k, v = ctx.cache.append(self.layer, k, v)
             mask, is_causal = ctx.layer_mask(q, k, self.layer)
-            return attend(q, k, v, mask, is_causal, dropout, record, ctx.softcap, ctx.sink)
+            return attend(q, k, v, mask, is_causal, dropout, record, ctx.score_mod, ctx.sink)
         if ctx.cache is not None:
             k, v = self._roll(ctx, k, v)  # (B, Hkv, kept + Tq, Dh)
         n_keys = k.shape[2]
@@ -83,7 +83,7 @@ class SlidingWindowAttention(AttentionKernel):
         bias = ctx.bias(n_keys)
         if extra is not None:
             bias = extra if bias is None else bias + extra
-        explicit = ctx.softcap is not None or ctx.sink is not None  # neither has a FlexAttention form here
+        explicit = ctx.score_mod is not None or ctx.sink is not None  # neither has a FlexAttention form here
         if not explicit and self._use_flex(q, bias, dropout, record, ctx.doc_ids is not None):
             return self._flex(q, k, v, ctx)
         if extra is not None:
@@ -93,7 +93,7 @@ class SlidingWindowAttention(AttentionKernel):
             mask = ctx.once(("window", self.window, n_keys), lambda: combine_mask(
                 band(ctx.q_len, n_keys, self.window, self.causal, ctx.device), ctx.key_padding(n_keys), bias,
                 ctx.same_doc(n_keys)))
-        return attend(q, k, v, mask, False, dropout, record, ctx.softcap, ctx.sink)
+        return attend(q, k, v, mask, False, dropout, record, ctx.score_mod, ctx.sink)
 
     def _blocked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, dropout: float) -> Tensor:
         """Long inputs: queries in blocks of `window`, each attending to its own and the neighbouring key blocks
@@ -106,7 +106,7 @@ class SlidingWindowAttention(AttentionKernel):
         qb = F.pad(q, (0, 0, 0, n * w - t)).view(b, h, n, w, d)
         kb, vb = ((F.pad(x, (0, 0, before, after)).unfold(2, span * w, w).transpose(-1, -2)) for x in (k, v))
         mask = ctx.once(("blocked", w, t), lambda: self._block_mask(ctx, n, span))  # (B or 1, H or 1, n, w, S)
-        out = attend(qb, kb, vb, mask, False, dropout, None, ctx.softcap, ctx.sink)  # (B, H, n, w, Dh)
+        out = attend(qb, kb, vb, mask, False, dropout, None, ctx.score_mod, ctx.sink)  # (B, H, n, w, Dh)
         return out.reshape(b, h, n * w, d)[:, :, :t]
 
     def _block_mask(self, ctx: AttnContext, n: int, span: int) -> Tensor:

@@ -42,12 +42,19 @@ class Parts(Protocol):
 
     def final_norm(self) -> nn.Module | None: ...
 
+    def output_plugins(self) -> nn.Module: ...  # a head's output plug-ins (`plugins.base.OutputPlugins`)
+
+    def model_plugins(self) -> dict[str, nn.Module]: ...  # the model plug-ins, for a kind with `model_hooks`
+
 
 class ModelKind(nn.Module):
     form: ClassVar[str]
     # ModelConfig fields that only this kind reads; setting one (to other than its default) for another kind is
     # refused, so a silently ignored setting never looks like part of an experiment
     own_fields: ClassVar[tuple[str, ...]] = ()
+    # whether the kind builds the model plug-ins (`parts.model_plugins()`) and calls their hooks; a kind that does
+    # not is refused a model plug-in by the rules
+    model_hooks: ClassVar[bool] = False
 
     @classmethod
     def assemble(cls, parts: Parts) -> ModelKind:

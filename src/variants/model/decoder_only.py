@@ -4,27 +4,29 @@ prefix LM: source, separator, target in one sequence, with the loss on target to
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from archsweep.variants.blocks import Stack
 from archsweep.variants.cache import KVCache
 from archsweep.variants.embedding import LMHead
 from archsweep.variants.model import CAUSAL, KIND
 from archsweep.variants.model.base import ModelKind, Parts
-from archsweep.variants.mtp import MultiTokenPrediction, PredictionModule
+from archsweep.variants.plugins.base import ModelPlugin, hooks_of
 
 
 @KIND.register("decoder_only")
 class DecoderOnly(ModelKind):
-    """`model.mtp` > 0 adds DeepSeek-V3's multi-token prediction modules (`archsweep.variants.mtp`), run only in a
-    training forward; the logits returned are always the next-token head's."""
+    """Its model plug-ins' `after_stack` hook runs in a training forward only (multi-token prediction,
+    `archsweep.variants.plugins.mtp`); the logits returned are always the next-token head's."""
 
     form = CAUSAL
-    own_fields = ("mtp", "mtp_weight")
+    model_hooks = True
 
-    def __init__(self, decoder: Stack, head: LMHead, mtp: MultiTokenPrediction | None = None) -> None:
+    def __init__(self, decoder: Stack, head: LMHead, plugins: dict[str, ModelPlugin] | None = None) -> None:
         super().__init__()
-        self.decoder, self.head, self.mtp = decoder, head, mtp
+        self.decoder, self.head = decoder, head
+        self.plugins = nn.ModuleDict(plugins or {})
+        self.after_stack = hooks_of(self.plugins, ModelPlugin)["after_stack"]
 
     @classmethod
     def assemble(cls, parts: Parts) -> DecoderOnly:
@@ -32,24 +34,16 @@ class DecoderOnly(ModelKind):
         embed = parts.embedding(s["vocab_size"])
         head = parts.head(embed)
         decoder = parts.stack("stack", embed, s["n_layers"], causal=True, cross=False)
-        modules = [PredictionModule(s["d_model"], s["norm_eps"], parts.block("stack", s["n_layers"] + k, causal=True),
-                                    parts.final_norm()) for k in range(s["mtp"])]
-        return cls(decoder, head, MultiTokenPrediction(modules, s["mtp_weight"], s["vocab_size"]) if modules else None)
-
-    @classmethod
-    def check(cls, sizes, options) -> None:
-        if sizes["mtp"] and sizes["value_residual"] is not None:
-            raise ValueError(f"value_residual={sizes['value_residual']!r} cannot be used with mtp={sizes['mtp']}: the "
-                             f"prediction modules' blocks see no first layer of their own to mix values with; set "
-                             f"model.mtp=0 or value_residual=null")
+        return cls(decoder, head, parts.model_plugins())
 
     def forward(self, tokens: Tensor, pad_mask: Tensor | None = None, positions: Tensor | None = None,
                 cache: KVCache | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> logits (B, T, V). pad_mask (B, cached + T) True at real tokens; doc_ids (B, T) the
         document of each new token (block-causal attention, positions restarting per document)."""
         hidden = self.decoder(tokens, pad_mask=pad_mask, positions=positions, cache=cache, doc_ids=doc_ids)
-        if self.mtp is not None and self.training and torch.is_grad_enabled() and cache is None:
-            self.mtp(hidden, tokens, self.decoder, self.head, pad_mask, doc_ids)  # recorded for its aux loss
+        if self.after_stack and self.training and torch.is_grad_enabled() and cache is None:
+            for name in self.after_stack:  # recorded for their auxiliary losses
+                self.plugins[name].after_stack(hidden, tokens, self.decoder, self.head, pad_mask, doc_ids)
         return self.head(hidden)
 
 

@@ -10,9 +10,9 @@ from torch import Tensor, nn
 from archsweep.variants.blocks import Stack
 from archsweep.variants.embedding import LMHead
 from archsweep.variants.flops import Shape, forward_flops
-from archsweep.variants.hooks import ZLoss
 from archsweep.variants.model import BIDIRECTIONAL, KIND
 from archsweep.variants.model.base import ModelKind, Parts
+from archsweep.variants.plugins.base import OutputPlugins
 
 POOLINGS = ("cls", "mean")  # first token through dense + tanh (BERT), or the mean over real tokens
 
@@ -27,7 +27,7 @@ class EncoderOnly(ModelKind):
         embed = parts.embedding(s["vocab_size"])
         head = parts.head(embed)
         stack = parts.stack("stack", embed, s["n_layers"], causal=False, cross=False)
-        return cls(stack, head, s["d_model"], s["n_classes"], s["pooling"], s["z_loss"])
+        return cls(stack, head, s["d_model"], s["n_classes"], s["pooling"], parts.output_plugins())
 
     @classmethod
     def check(cls, sizes, options) -> None:
@@ -36,13 +36,13 @@ class EncoderOnly(ModelKind):
                              f"{', '.join(POOLINGS)}")
 
     def __init__(self, encoder: Stack, head: LMHead, d_model: int, n_classes: int, pooling: str,
-                 z_loss: float = 0.0) -> None:
+                 plugins: OutputPlugins | None = None) -> None:
         super().__init__()
         self.encoder, self.head = encoder, head
         self.pooling = pooling
         self.pool_proj = nn.Linear(d_model, d_model) if pooling == "cls" else None
         self.classifier = nn.Linear(d_model, n_classes)
-        self.class_z_loss = ZLoss(z_loss)  # on the class logits, as the token head's on its logits
+        self.class_plugins = plugins if plugins is not None else OutputPlugins()  # as the token head's
 
     def encode(self, tokens: Tensor, pad_mask: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """doc_ids (B, T): a token attends only within its document; positions restart per document."""
@@ -62,7 +62,7 @@ class EncoderOnly(ModelKind):
         else:
             weights = pad_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
-        return self.class_z_loss(self.classifier(pooled))
+        return self.class_plugins(self.classifier(pooled))
 
     def flops(self, shape: Shape) -> float:
         """The stack, then the token head at every position, or (`shape.pooled`, `classify`) the pooling and the

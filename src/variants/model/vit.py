@@ -14,10 +14,10 @@ from torch import Tensor, nn
 
 from archsweep.variants.blocks import Stack
 from archsweep.variants.flops import Shape, forward_flops
-from archsweep.variants.hooks import ZLoss
 from archsweep.variants.model import IMAGE, KIND
 from archsweep.variants.model.base import ModelKind, Parts
 from archsweep.variants.patches import PatchEmbedding, image_hw, patch_grid
+from archsweep.variants.plugins.base import OutputPlugins
 
 POOLINGS = ("cls", "mean")  # the class token, or the mean over the patch tokens (no class token)
 
@@ -28,14 +28,14 @@ class VisionTransformer(ModelKind):
     own_fields = ("image_size", "patch_size", "in_channels", "head_hidden")
 
     def __init__(self, embed: PatchEmbedding, encoder: Stack, d_model: int, n_classes: int,
-                 head_hidden: int | None, grid: tuple[int, int], z_loss: float = 0.0) -> None:
+                 head_hidden: int | None, grid: tuple[int, int], plugins: OutputPlugins | None = None) -> None:
         super().__init__()
         self.embed, self.encoder = embed, encoder
         self.patch_grid = grid  # (H / P, W / P)
         width = head_hidden or d_model
         self.pre_logits = nn.Sequential(nn.Linear(d_model, width), nn.Tanh()) if head_hidden else nn.Identity()
         self.classifier = nn.Linear(width, n_classes)
-        self.z_loss = ZLoss(z_loss)  # PaLM's z-loss on the class logits (`hooks.ZLoss`)
+        self.plugins = plugins if plugins is not None else OutputPlugins()  # on the class logits
 
     @classmethod
     def assemble(cls, parts: Parts) -> VisionTransformer:
@@ -43,7 +43,7 @@ class VisionTransformer(ModelKind):
         embed = PatchEmbedding(s["in_channels"], s["patch_size"], s["d_model"], class_token=s["pooling"] == "cls")
         encoder = parts.stack("encoder", nn.Identity(), s["n_layers"], causal=False, cross=False)
         return cls(embed, encoder, s["d_model"], s["n_classes"], s["head_hidden"],
-                   patch_grid(s["image_size"], s["patch_size"]), s["z_loss"])
+                   patch_grid(s["image_size"], s["patch_size"]), parts.output_plugins())
 
     @property
     def n_prefix(self) -> int:
@@ -91,7 +91,7 @@ class VisionTransformer(ModelKind):
         """images (B, C, H, W) -> class logits (B, n_classes)."""
         hidden = self.encode(images)  # (B, T, D)
         pooled = hidden[:, 0] if self.embed.cls_token is not None else hidden.mean(dim=1)  # (B, D)
-        return self.z_loss(self.classifier(self.pre_logits(pooled)))
+        return self.plugins(self.classifier(self.pre_logits(pooled)))
 
     def flops(self, shape: Shape) -> float:
         """Per image: the patch projection, the stack over N (+ 1) tokens, the head once (`shape.length` is

@@ -12,13 +12,15 @@ Weights = dict[str, Tensor]
 
 
 def stack_refusals(cfg: ModelConfig) -> list[str]:
-    """Options no layout here has a place for, whatever the class."""
+    """Options no layout here has a place for, whatever the class: a placement other than pre-norm, and every
+    plug-in that declares no Hugging Face equivalent (`hf`: None; a training-only one, e.g. a z-loss, is dropped)."""
     out = []
     if cfg.choice("norm") != "pre":
         out.append(f"norm={cfg.choice('norm')} (pre-norm only)")
-    for name in ("qk_norm", "attn_softcap", "logit_softcap", "value_residual"):
-        if getattr(cfg, name) is not None:
-            out.append(f"{name}={getattr(cfg, name)}")
+    for name, options in cfg.plugins.items():
+        if cfg.plugin(name).hf is None:
+            shown = ", ".join(f"{k}={v}" for k, v in options.items() if k != "_target_")
+            out.append(f"{name} ({shown or 'on'}: no Hugging Face equivalent; set {name}=none)")
     return out
 
 
@@ -31,9 +33,7 @@ def common_refusals(cfg: ModelConfig) -> list[str]:
     if cfg.scale_embedding:
         out.append("scale_embedding=true (set model.scale_embedding=false)")
     if cfg.output_bias:
-        out.append("output_bias=true")
-    if cfg.mtp:
-        out.append(f"mtp={cfg.mtp} (the prediction modules have no place)")
+        out.append("output_bias=true (set model.output_bias=false)")
     return out
 
 

@@ -12,8 +12,8 @@ from archsweep.core.model.hf.layouts import layout_of
 
 # fields whose value adds or shapes no weight: the run may set them otherwise than the folder's config.json (an
 # ablation on top of published weights, e.g. another rotary scaling); the other fields come from the folder
-WEIGHT_FREE = ("dropout", "attn_dropout", "emb_dropout", "init", "activation_checkpointing", "z_loss", "norm_eps",
-               "max_seq_len", "attention", "attn_softcap", "logit_softcap")
+WEIGHT_FREE = ("dropout", "attn_dropout", "emb_dropout", "init", "activation_checkpointing", "norm_eps",
+               "max_seq_len", "attention")
 OPTIONS_FREE = ("pos", "attention")  # axes whose options (not the choice) may differ: pos.scaling=linear
 
 
@@ -106,5 +106,5 @@ def load_folder_weights(model, folder: str | Path) -> None:
         found = "; ".join(p for p in (f"the run's model also has {', '.join(missing[:4])}" if missing else "",
                                       f"shapes differ: {'; '.join(shapes[:4])}" if shapes else "") if p)
         raise ValueError(f"model.init_from={folder}: the weights do not fit the run's model ({found}); options "
-                         f"that add weights (qk_norm, mtp, ...) cannot be added to imported weights")
+                         f"that add weights (plug-ins such as qk_norm or mtp) cannot be added to imported weights")
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in ours.items()})

@@ -14,7 +14,7 @@ class GPT2(Layout):
 
     def refusals(self, cfg: ModelConfig) -> list[str]:
         out = common_refusals(cfg)
-        checks = {"norm_type": (cfg.norm_type, "layernorm"), "norm_bias": (cfg.norm_bias, True),
+        checks = {"norm_type": (cfg.choice("norm_type"), "layernorm"), "norm_bias": (cfg.norm_bias, True),
                   "pos": (cfg.choice("pos"), "learned"), "ffn": (cfg.choice("ffn"), "gelu"),
                   "attention": (cfg.choice("attention"), "full"), "bias": (cfg.bias, True),
                   "tie_embeddings": (cfg.tie_embeddings, True), "n_kv_heads": (cfg.kv_heads, cfg.n_heads)}

@@ -20,7 +20,7 @@ class Llama(Layout):
 
     def refusals(self, cfg: ModelConfig) -> list[str]:
         out = common_refusals(cfg)
-        checks = {"norm_type": (cfg.norm_type, "rmsnorm"), "pos": (cfg.choice("pos"), "rotary"),
+        checks = {"norm_type": (cfg.choice("norm_type"), "rmsnorm"), "pos": (cfg.choice("pos"), "rotary"),
                   "ffn": (cfg.choice("ffn"), "swiglu"), "attention": (cfg.choice("attention"), self.attention)}
         out += [f"{k}={v} ({self.architecture} has {want})" for k, (v, want) in checks.items() if v != want]
         if cfg.choice("pos") == "rotary" and cfg.options("pos")["scaling"] == "yarn":

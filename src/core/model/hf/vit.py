@@ -18,7 +18,7 @@ class ViT(Layout):
     def refusals(self, cfg: ModelConfig) -> list[str]:
         out = [] if cfg.kind == "vit" else [f"kind={cfg.kind} (ViTForImageClassification reads images: kind=vit)"]
         out += stack_refusals(cfg)
-        checks = {"norm_type": (cfg.norm_type, "layernorm"), "norm_bias": (cfg.norm_bias, True),
+        checks = {"norm_type": (cfg.choice("norm_type"), "layernorm"), "norm_bias": (cfg.norm_bias, True),
                   "pos": (cfg.choice("pos"), "learned"), "ffn": (cfg.choice("ffn"), "gelu"),
                   "attention": (cfg.choice("attention"), "full"), "bias": (cfg.bias, True),
                   "n_kv_heads": (cfg.kv_heads, cfg.n_heads), "pooling": (cfg.pooling, "cls"),

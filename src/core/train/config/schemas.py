@@ -26,7 +26,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from archsweep.core.eval.context import check_lengths
-from archsweep.core.model.config import DecodingConfig
+from archsweep.core.model.config import DecodingConfig, ModelConfig
 from archsweep.core.train.config.diagnostics import DiagnosticsConfig
 from archsweep.core.train.config.wsd import SHAPES, check_phases
 
@@ -364,6 +364,7 @@ SCHEMAS: dict[str, type] = {  # ConfigStore name -> schema; an option yaml names
     "schema_budget": BudgetSchema,
     "schema_eval": EvalSchema,
     "schema_compare": CompareSchema,
+    "schema_model": ModelConfig,  # the model's fields (its rules across fields run when the model is built)
 }
 GROUPS = ("optim", "schedule", "trainer", "decoding", "diagnostics", "budget", "eval", "compare")  # typed nodes
 

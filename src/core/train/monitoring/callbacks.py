@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from archsweep.core.model.checkpoint import atomic_save, safe_load
+from archsweep.core.model.legacy import upgrade_checkpoint
 
 log = logging.getLogger("train")
 ETA_HALF_LIFE_S = 30.0  # the ETA's pace: earlier training counts half per this many seconds of it
@@ -22,13 +23,13 @@ ETA_HALF_LIFE_S = 30.0  # the ETA's pace: earlier training counts half per this 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints written to a temporary file and renamed into place, and read back with weights_only=True
-    whatever Lightning asks (a crafted file given as ckpt_path cannot run code)."""
+    whatever Lightning asks (a crafted file given as ckpt_path cannot run code), an older run's in today's form."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         atomic_save(checkpoint, path)
 
     def load_checkpoint(self, path: Any, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
-        return safe_load(path, map_location=map_location)
+        return upgrade_checkpoint(safe_load(path, map_location=map_location))  # an older run's names as today's
 
 
 class RunCheckpoint(ModelCheckpoint):

@@ -1,18 +1,22 @@
-"""Multi-token prediction (DeepSeek-V3, arXiv 2412.19437, section 2.2): D sequential modules after a causal stack, the
-k-th predicting the token k + 1 places ahead, for a denser training signal; decoding uses the next-token head only.
+"""`mtp`, multi-token prediction (DeepSeek-V3, arXiv 2412.19437, section 2.2): D sequential modules after a causal
+stack, the k-th predicting the token k + 1 places ahead, for a denser training signal; decoding uses the next-token
+head only.
 
 Module k at position i: h^k_i = Block(W_k [RMSNorm(h^(k-1)_i) ; RMSNorm(Emb(t_(i+k)))]), then the output head
 (after the stack's final norm, where the placement has one) predicts t_(i+k+1). h^0 is the stack's output, the
 embedding and the head are the stack's own (shared); each module's block is a layer of the stack's kinds (norm
 placement, attention, FFN), at the same positions i, with the stack's positional encoding. Its loss is the mean over
-depths of the cross-entropy over labelled positions; the training step adds it with weight `model.mtp_weight`
-(DeepSeek-V3: 0.3, then 0.1) through the auxiliary-loss hook (`train/aux/mtp`, and `mtp_<k>` per depth, logged
+`depths` of the cross-entropy over labelled positions; the training step adds it with `weight` (DeepSeek-V3: 0.3,
+then 0.1) through the auxiliary-loss hook (`train/aux/mtp`, and `mtp_<k>` per depth, logged
 only). Targets come from the input itself (the labels of a causal batch are its next tokens), so depth k trains on
 T - k - 1 positions of a T-token row; with document masking it skips positions whose t_(i+k) is in another
 document.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +27,8 @@ from archsweep.variants.blocks import Stack, document_positions
 from archsweep.variants.embedding import LMHead
 from archsweep.variants.flops import Shape, forward_flops, linear_flops
 from archsweep.variants.hooks import AuxLoss
+from archsweep.variants.plugins import PLUGIN
+from archsweep.variants.plugins.base import CAUSAL_STACK, FIRST_LAYER, ModelPlugin
 
 
 class PredictionModule(nn.Module):
@@ -41,15 +47,46 @@ class PredictionModule(nn.Module):
         return h, self.final_norm(h)
 
 
-class MultiTokenPrediction(nn.Module):
-    def __init__(self, modules: list[PredictionModule], weight: float, vocab_size: int) -> None:
+@PLUGIN.register("mtp")
+class MultiTokenPrediction(ModelPlugin):
+    requires = frozenset({CAUSAL_STACK})
+    label = "multi-token prediction"
+
+    def __init__(self, parts: Any, d_model: int, norm_eps: float, n_layers: int, vocab_size: int, depths: int = 1,
+                 weight: float = 0.3) -> None:
         super().__init__()
-        self.depths = nn.ModuleList(modules)
+        self.depths = nn.ModuleList(
+            PredictionModule(d_model, norm_eps, parts.block("stack", n_layers + k, causal=True), parts.final_norm())
+            for k in range(depths))
         self.weight, self.vocab_size = weight, vocab_size
         self.predictions: list[tuple[Tensor, Tensor, Tensor]] = []  # per depth: logits, targets, valid positions
 
-    def forward(self, hidden: Tensor, tokens: Tensor, stack: Stack, head: LMHead, pad_mask: Tensor | None = None,
-                doc_ids: Tensor | None = None) -> None:
+    @classmethod
+    def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        if options["depths"] < 1 or options["weight"] < 0:
+            raise ValueError(f"mtp: depths={options['depths']} must be >= 1 and weight={options['weight']} >= 0 "
+                             f"(DeepSeek-V3: depths 1, weight 0.3, then 0.1); mtp=none turns it off")
+
+    @classmethod
+    def check_choices(cls, choices: Any) -> None:
+        """Its blocks are not layers of the stack: a plug-in that reads the stack's first layer (value residual)
+        has none there, and an encoding with score terms learned per layer (Shaw, DeBERTa) none for them."""
+        from archsweep.variants.pos import POS
+        from archsweep.variants.pos.base import PositionalEncoding
+
+        for name, other in choices.plugins.items():
+            if FIRST_LAYER in other.requires:
+                raise ValueError(f"mtp cannot be used with {name}: the prediction modules' blocks see no first "
+                                 f"layer of their own; set mtp=none or {name}=none")
+        if choices.classes["pos"].content_bias is not PositionalEncoding.content_bias:
+            fitting = [n for n in POS.names() if POS.get(n).content_bias is PositionalEncoding.content_bias
+                       and not POS.get(n).image_only]
+            raise ValueError(f"mtp cannot be used with pos={choices.names['pos']}: its score terms are learned per "
+                             f"layer of the stack, and the prediction modules' blocks are not among those layers; "
+                             f"choose pos={' or '.join(fitting)}, or set mtp=none")
+
+    def after_stack(self, hidden: Tensor, tokens: Tensor, stack: Stack, head: LMHead, pad_mask: Tensor | None = None,
+                    doc_ids: Tensor | None = None) -> None:
         """Records each depth's predictions for `aux_losses`. hidden (B, T, D): the stack's output on tokens (B, T);
         pad_mask (B, T) True at real tokens; doc_ids (B, T) documents (block-causal attention, as the stack)."""
         self.predictions = []
@@ -75,7 +112,7 @@ class MultiTokenPrediction(nn.Module):
         positions = document_positions(docs) if docs is not None else torch.arange(n, device=device)[None]
         keys = pad_mask[:, k:] if pad_mask is not None else None
         return AttnContext(keys, True, n, n, positions, stack.pos.rotate_qk, stack.pos.attn_bias, None, device,
-                           stack.pos.content_bias, stack.softcap, doc_ids=docs)
+                           stack.pos.content_bias, doc_ids=docs)
 
     def aux_losses(self, labelled: Tensor) -> dict[str, AuxLoss]:
         """`mtp`: the mean over depths of each one's cross-entropy; `mtp_<k>` per depth (weight 0: logged only).
