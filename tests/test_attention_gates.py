@@ -6,9 +6,11 @@ cannot apply."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from cache_check import assert_cached_decoding_equals_full_forward
 
 from archsweep.core.model.build import ModelConfig, build_model, flop_count
@@ -16,10 +18,15 @@ from archsweep.variants.attention.base import AttnContext, attend
 from archsweep.variants.attention.full import FullAttention
 from archsweep.variants.attention.layers import SelfAttention, capture_attention
 from archsweep.variants.flops import Shape
-from archsweep.variants.norm.base import DynamicTanh, make_norm
+from archsweep.variants.norm_type import build_norm
+from archsweep.variants.norm_type.dyt import DynamicTanh
+from archsweep.variants.plugins.attn_gate import OutputGate
+from archsweep.variants.plugins.attn_sink import AttentionSink
+from archsweep.variants.plugins.attn_softcap import AttentionSoftcap
 from archsweep.variants.pos.rotary import Rotary
 
 VOCAB = 23
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def tiny(kind: str = "decoder_only", **overrides) -> torch.nn.Module:
@@ -34,9 +41,22 @@ def tokens(b: int, t: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(1, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
+def group(name: str) -> dict[str, dict]:
+    """{option: the plug-in's options} of the group conf/<name>/ (its `none` left out)."""
+    return {p.stem: yaml.safe_load(p.read_text()) for p in sorted((CONF / name).glob("*.yaml")) if p.stem != "none"}
+
+
+GATE, SINK = group("attn_gate"), group("attn_sink")  # headwise, elementwise; learned, off_by_one
+
+
 def layer(gate: str = "none", sink: str = "none", bias: bool = True) -> SelfAttention:
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, 2, 0.0, bias, layer=0, kernel=FullAttention(0), gate=gate, sink=sink).eval()
+    plugins = {}
+    if gate != "none":
+        plugins["attn_gate"] = OutputGate(16, 4, 4, bias, **GATE[gate])
+    if sink != "none":
+        plugins["attn_sink"] = AttentionSink(4, 4, **SINK[sink])
+    attn = SelfAttention(16, 4, 2, 0.0, bias, layer=0, kernel=FullAttention(0), plugins=plugins).eval()
     for p in attn.parameters():
         torch.nn.init.normal_(p, std=0.5)
     return attn
@@ -58,7 +78,8 @@ def test_the_gate_is_the_papers_sigmoid_of_the_layer_input_on_each_heads_output(
     k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # 2 query heads per key/value head
     scores = (q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
     y = scores.softmax(-1) @ v  # (B, H, T, Dh): SDPA's output, the gate's position G1
-    g = torch.sigmoid(x @ attn.gate.gate_proj.weight.T + attn.gate.gate_proj.bias)  # sigma(X W_theta)
+    proj = attn.plugins["attn_gate"].gate_proj
+    g = torch.sigmoid(x @ proj.weight.T + proj.bias)  # sigma(X W_theta)
     g = g.view(b, t, h, -1).transpose(1, 2)  # one score per head (headwise) or per channel (elementwise)
     assert g.shape[-1] == (1 if gate == "headwise" else dh)
     expected = attn.out_proj((y * g).transpose(1, 2).reshape(b, t, h * dh))  # Y' = Y . sigma(X W_theta), then W_O
@@ -81,18 +102,19 @@ def gpt_oss_attention(attn: SelfAttention):
             part.bias.copy_(b)
         ref.o_proj.weight.copy_(attn.out_proj.weight)
         ref.o_proj.bias.copy_(attn.out_proj.bias)
-        ref.sinks.copy_(attn.sink.logits)
+        ref.sinks.copy_(attn.plugins["attn_sink"].logits)
     return ref
 
 
 @pytest.mark.parametrize("sink", ["learned", "off_by_one"])
 def test_the_sink_equals_hugging_face_gpt_oss_attention(sink):
     attn, rope = layer(sink=sink), Rotary(4)
+    logits = attn.plugins["attn_sink"].logits
     if sink == "off_by_one":
-        assert not any("sink" in name for name, _ in attn.named_parameters()) and attn.sink.logits.eq(0).all()
+        assert not any("sink" in name for name, _ in attn.named_parameters()) and logits.eq(0).all()
     else:
         with torch.no_grad():
-            attn.sink.logits.copy_(torch.tensor([-2.0, 0.0, 1.5, 4.0]))  # one sink taking most of the weight
+            logits.copy_(torch.tensor([-2.0, 0.0, 1.5, 4.0]))  # one sink taking most of the weight
     ref = gpt_oss_attention(attn)
     t = 7
     x = torch.randn(2, t, 16)
@@ -121,14 +143,16 @@ def test_the_sink_is_one_more_logit_in_the_denominator_on_the_sdpa_and_the_expli
         torch.testing.assert_close(attend(q, k, v, mask, is_causal, 0.0, None, sink=sink), probs @ v)
     torch.testing.assert_close(attend(q, k, v, causal, False, 0.0, record, sink=sink), probs @ v)  # explicit path
     torch.testing.assert_close(record[0], probs)  # recorded without the sink's share: rows sum to 1 - p_sink
-    capped = attend(q, k, v, causal, False, 0.0, None, softcap=1e9, sink=sink)
+    capped = attend(q, k, v, causal, False, 0.0, None, score_mod=AttentionSoftcap(1e9).score_mod, sink=sink)
     torch.testing.assert_close(capped, probs @ v, atol=1e-5, rtol=1e-5)
 
 
-OPTIONS = [dict(attn_gate="headwise"), dict(attn_gate="elementwise"), dict(attn_sink="learned"),
-           dict(attn_sink="off_by_one", pos="alibi"), dict(attn_gate="elementwise", attn_sink="learned", pos="deberta"),
-           dict(attn_sink="learned", attention={"name": "sliding_window", "window": 4}),
-           dict(attn_gate="headwise", norm_type="dyt", attention={"name": "sliding_window", "window": 3})]
+OPTIONS = [dict(plugins={"attn_gate": GATE["headwise"]}), dict(plugins={"attn_gate": GATE["elementwise"]}),
+           dict(plugins={"attn_sink": SINK["learned"]}), dict(plugins={"attn_sink": SINK["off_by_one"]}, pos="alibi"),
+           dict(plugins={"attn_gate": GATE["elementwise"], "attn_sink": SINK["learned"]}, pos="deberta"),
+           dict(plugins={"attn_sink": SINK["learned"]}, attention={"name": "sliding_window", "window": 4}),
+           dict(plugins={"attn_gate": GATE["headwise"]}, norm_type="dyt",
+                attention={"name": "sliding_window", "window": 3})]
 
 
 @pytest.mark.parametrize("options", OPTIONS)
@@ -137,8 +161,8 @@ def test_cached_decoding_equals_the_full_forward(kind, options):
     model = tiny(kind, **options)
     with torch.no_grad():  # sinks away from their zero start
         for module in model.modules():
-            if getattr(module, "sink", None) is not None and isinstance(module.sink.logits, torch.nn.Parameter):
-                module.sink.logits.normal_()
+            if isinstance(module, AttentionSink) and isinstance(module.logits, torch.nn.Parameter):
+                module.logits.normal_()
     assert_cached_decoding_equals_full_forward(model, kind, tokens(2, 10), tokens(2, 7, seed=4))
 
 
@@ -146,11 +170,11 @@ def test_cached_decoding_equals_the_full_forward(kind, options):
 def test_with_a_sink_every_path_of_a_kind_gives_the_same_outputs(attention):
     """Sliding windows take the blocked form without recording, the dense one while recording; full attention SDPA
     and the explicit path: the same outputs, with padding."""
-    model = tiny("decoder_only", attn_sink="learned", attention=attention, pos="alibi")
+    model = tiny("decoder_only", plugins={"attn_sink": SINK["learned"]}, attention=attention, pos="alibi")
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, SelfAttention):
-                module.sink.logits.normal_()
+                module.plugins["attn_sink"].logits.normal_()
     x, pad = tokens(2, 11), torch.ones(2, 11, dtype=torch.bool)
     pad[0, 8:] = False
     with torch.no_grad():
@@ -163,7 +187,7 @@ def test_with_a_sink_every_path_of_a_kind_gives_the_same_outputs(attention):
 
 
 def test_a_learned_sink_learns_and_gates_get_gradients():
-    model = tiny(attn_sink="learned", attn_gate="elementwise").train()
+    model = tiny(plugins={"attn_sink": SINK["learned"], "attn_gate": GATE["elementwise"]}).train()
     sinks = [n for n, _ in model.named_parameters() if n.endswith("sink.logits")]
     assert len(sinks) == 2  # one (H,) vector per layer
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -172,9 +196,9 @@ def test_a_learned_sink_learns_and_gates_get_gradients():
         loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:])
         optimiser.zero_grad()
         loss.backward()
-        assert model.decoder.blocks[0].self_attn.gate.gate_proj.weight.grad.abs().sum() > 0
+        assert model.decoder.blocks[0].self_attn.plugins["attn_gate"].gate_proj.weight.grad.abs().sum() > 0
         optimiser.step()
-    assert model.decoder.blocks[0].self_attn.sink.logits.abs().min() > 0  # moved from its zero start
+    assert model.decoder.blocks[0].self_attn.plugins["attn_sink"].logits.abs().min() > 0  # moved from its zero start
 
 
 def test_the_flop_count_adds_the_gate_projection_and_the_sink_key():
@@ -182,14 +206,18 @@ def test_the_flop_count_adds_the_gate_projection_and_the_sink_key():
     base = dict(kind="decoder_only", vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=3, d_ff=64)
     plain = flop_count(ModelConfig(**base), shape)
     d, h, dh, layers, n = 32, 4, 8, 3, shape.tokens
-    assert flop_count(ModelConfig(**base, attn_gate="headwise"), shape) - plain == 2 * d * h * n * layers
-    assert flop_count(ModelConfig(**base, attn_gate="elementwise"), shape) - plain == 2 * d * h * dh * n * layers
+
+    def added(plugins: dict) -> float:
+        return flop_count(ModelConfig(**base, plugins=plugins), shape) - plain
+
+    assert added({"attn_gate": GATE["headwise"]}) == 2 * d * h * n * layers
+    assert added({"attn_gate": GATE["elementwise"]}) == 2 * d * h * dh * n * layers
     for sink in ("learned", "off_by_one"):  # one more key per query: its score and its value, 4 H Dh
-        assert flop_count(ModelConfig(**base, attn_sink=sink), shape) - plain == 4 * h * dh * n * layers
+        assert added({"attn_sink": SINK[sink]}) == 4 * h * dh * n * layers
 
 
 def test_dynamic_tanh_is_gamma_tanh_alpha_x_plus_beta():
-    dyt = make_norm("dyt", 8, 1e-5)
+    dyt = build_norm("dyt", 8, 1e-5, True)
     assert isinstance(dyt, DynamicTanh) and dyt.alpha.shape == () and dyt.alpha.item() == 0.5  # the paper's start
     with torch.no_grad():
         dyt.weight.normal_()
@@ -197,12 +225,12 @@ def test_dynamic_tanh_is_gamma_tanh_alpha_x_plus_beta():
         dyt.alpha.fill_(1.7)
     x = torch.randn(3, 5, 8) * 4
     torch.testing.assert_close(dyt(x), dyt.weight * torch.tanh(1.7 * x) + dyt.bias)  # DyT(x) = gamma tanh(a x) + b
-    assert make_norm("dyt", 8, 1e-5, bias=False).bias is None  # model.norm_bias=false drops beta
+    assert build_norm("dyt", 8, 1e-5, bias=False).bias is None  # model.norm_bias=false drops beta
 
 
 @pytest.mark.parametrize("norm", ["post", "pre", "sandwich", "deepnorm", "parallel"])
 def test_dyt_replaces_every_norm_of_every_placement(norm):
-    model = tiny(norm=norm, norm_type="dyt", qk_norm="dyt").train()
+    model = tiny(norm=norm, norm_type="dyt", plugins={"qk_norm": {"type": "dyt"}}).train()
     norms = [m for m in model.modules() if isinstance(m, DynamicTanh)]
     assert norms and not any(isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for m in model.modules())
     assert all(m.alpha.item() == 0.5 for m in norms)  # initialisation leaves alpha at the paper's 0.5
@@ -212,12 +240,12 @@ def test_dyt_replaces_every_norm_of_every_placement(norm):
 
 
 @pytest.mark.parametrize("options,match", [
-    (dict(attn_gate="yes"), "attn_gate='yes' is not a known option; valid options: none, headwise, elementwise"),
-    (dict(attn_sink="always"), "attn_sink='always' is not a known option; valid options: none, learned, off_by_one"),
-    (dict(norm_type="tanh"), "norm_type='tanh' is not a known option; valid options: layernorm, rmsnorm, dyt"),
-    (dict(attn_sink="off_by_one", attention="performer"),
-     r"attn_sink=off_by_one adds a logit to the softmax over the score matrix Q K\^T, which attention=performer never "
-     r"forms .*; set attn_sink=none or choose attention=")])
+    (dict(plugins={"attn_gate": {"per": "yes"}}), "attn_gate: per='yes' must be one of head, channel"),
+    (dict(plugins={"attn_sink": {"learned": "always"}}), "plugin=attn_sink: option learned='always' must be bool"),
+    (dict(norm_type="tanh"), "norm_type='tanh' is not a known option; valid options: dyt, layernorm, rmsnorm"),
+    (dict(plugins={"attn_sink": SINK["off_by_one"]}, attention="performer"),
+     r"attn_sink needs the score matrix Q K\^T, which attention=performer never forms; set attn_sink=none or "
+     r"choose attention=")])
 def test_bad_options_are_refused_naming_the_field(options, match):
     with pytest.raises(ValueError, match=match):
         tiny(**options)

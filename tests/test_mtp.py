@@ -1,4 +1,4 @@
-"""Multi-token prediction (`model.mtp`, DeepSeek-V3) against a direct computation of its loss, its causality, its
+"""Multi-token prediction (the `mtp` plug-in, DeepSeek-V3) against a direct computation of its loss, its causality, its
 FLOP count, what it leaves alone (evaluation and decoding), what it refuses, and train.py with it and with MLA."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch.utils import flop_counter
 
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters
@@ -20,16 +21,19 @@ from archsweep.variants.attention.base import AttnContext
 from archsweep.variants.flops import Shape, forward_flops
 from archsweep.variants.hooks import collect_aux_losses
 from archsweep.variants.model import KIND, form_of
+from archsweep.variants.plugins import PLUGIN
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 VOCAB, D, T = 23, 32, 10
 
 
-def tiny(mtp: int = 2, **fields) -> torch.nn.Module:
+def tiny(mtp: int = 2, plugins: dict | None = None, **fields) -> torch.nn.Module:
+    """A decoder with `mtp` prediction depths (0: none, the plug-in left out) of weight 0.25, and `plugins`."""
     torch.manual_seed(0)
+    plugins = {**(plugins or {}), **({"mtp": {"depths": mtp, "weight": 0.25}} if mtp else {})}
     cfg = dict(kind="decoder_only", vocab_size=VOCAB, d_model=D, n_heads=4, n_layers=2, d_ff=64, dropout=0.0,
-               norm="pre", pos="rotary", norm_type="rmsnorm", mtp=mtp, mtp_weight=0.25)
+               norm="pre", pos="rotary", norm_type="rmsnorm", plugins=plugins)
     return build_model(ModelConfig(**{**cfg, **fields})).train()
 
 
@@ -47,7 +51,7 @@ def reference_losses(model, x: torch.Tensor, labelled: torch.Tensor) -> list[tor
     stack, t = model.decoder, x.shape[1]
     h = stack(x)
     losses = []
-    for k, module in enumerate(model.mtp.depths, start=1):
+    for k, module in enumerate(model.plugins["mtp"].depths, start=1):
         n = t - k
         joined = torch.cat([rms(h[:, :n], module.hidden_norm.weight, module.hidden_norm.eps),
                             rms(stack.embed(x[:, k:]), module.embed_norm.weight, module.embed_norm.eps)], dim=-1)
@@ -79,11 +83,11 @@ def test_the_loss_equals_a_direct_computation_and_comes_through_the_hook():
 def test_depth_k_sees_no_token_after_i_plus_k():
     model, x = tiny(), tokens()
     model(x)
-    before = [logits.detach() for logits, _, _ in model.mtp.predictions]
+    before = [logits.detach() for logits, _, _ in model.plugins["mtp"].predictions]
     y = x.clone()
     y[:, 6] = (y[:, 6] % (VOCAB - 1)) + 1  # another token at position 6
     model(y)
-    after = [logits.detach() for logits, _, _ in model.mtp.predictions]
+    after = [logits.detach() for logits, _, _ in model.plugins["mtp"].predictions]
     for k, (a, b) in enumerate(zip(before, after, strict=True), start=1):
         torch.testing.assert_close(a[:, :6 - k], b[:, :6 - k])  # positions i + k < 6 are unchanged
         assert not torch.allclose(a[:, 6 - k], b[:, 6 - k])  # position i = 6 - k embeds it
@@ -92,12 +96,12 @@ def test_depth_k_sees_no_token_after_i_plus_k():
 def test_evaluation_and_decoding_use_the_next_token_head_only():
     plain, with_mtp, x = tiny(mtp=0), tiny(mtp=2), tokens()
     missing = with_mtp.load_state_dict(plain.state_dict(), strict=False).missing_keys  # the same stack and head
-    assert missing and all(key.startswith("mtp.") for key in missing)
+    assert missing and all(key.startswith("plugins.mtp.") for key in missing)
     torch.testing.assert_close(with_mtp(x), plain(x))  # training forward: the same next-token logits
     assert collect_aux_losses(with_mtp, torch.ones_like(x, dtype=torch.bool))  # that forward trained them
     with_mtp.eval(), plain.eval()
     with_mtp(x)
-    assert with_mtp.mtp.predictions == []  # not run outside training
+    assert with_mtp.plugins["mtp"].predictions == []  # not run outside training
     from archsweep.core.eval.generation import DecodingConfig, generate
 
     prompts, mask = tokens(2, 4), torch.ones(2, 4, dtype=torch.bool)
@@ -131,39 +135,46 @@ def test_flops_count_the_modules_work_in_training_exactly():
 
 
 @pytest.mark.parametrize("fields, match", [
-    (dict(kind="encoder_only"), r"mtp=1 needs a causal stack over one sequence, kind=decoder_only: .* "
-                                r"kind=encoder_only reads its data as bidirectional; set model.mtp=0"),
-    (dict(kind="encoder_decoder"), r"kind=encoder_decoder reads its data as source_target"),
-    (dict(pos="shaw"), r"mtp=1 cannot be used with pos=shaw: its score terms are learned per layer"),
-    (dict(value_residual="fixed"), r"value_residual='fixed' cannot be used with mtp=1"),
-    (dict(mtp=-1), r"mtp=-1 must be a number of prediction depths >= 0"),
-    (dict(mtp_weight=-0.1), r"mtp_weight=-0.1 must be a weight >= 0"),
+    (dict(kind="encoder_only"), r"mtp needs one causal stack over one sequence, which kind=encoder_only is not; "
+                                r"set mtp=none or choose model=decoder_only"),
+    (dict(kind="encoder_decoder"), r"which kind=encoder_decoder is not"),
+    (dict(pos="shaw"), r"mtp cannot be used with pos=shaw: its score terms are learned per layer"),
+    (dict(plugins={"mtp": {"depths": 1}, "value_residual": {"learnable": False}}),
+     r"mtp cannot be used with value_residual: .*; set mtp=none or value_residual=none"),
+    (dict(plugins={"mtp": {"depths": -1}}), r"mtp: depths=-1 must be >= 1"),
+    (dict(plugins={"mtp": {"depths": 1, "weight": -0.1}}), r"mtp: depths=1 must be >= 1 and weight=-0.1 >= 0"),
 ])
 def test_what_it_cannot_take_is_refused(fields, match):
     with pytest.raises(ValueError, match=match):
-        ModelConfig(**{"kind": "decoder_only", "vocab_size": VOCAB, "mtp": 1, **fields}).validate()
+        ModelConfig(**{"kind": "decoder_only", "vocab_size": VOCAB, "plugins": {"mtp": {"depths": 1}},
+                       **fields}).validate()
 
 
 def test_every_option_of_every_group_trains_with_it():
-    """Each yaml of conf/<group>/ (one at a time, the rest default) that a decoder can take, with mtp=2: every
-    parameter of the prediction modules learns."""
-    groups = {"norm": "norm", "pos": "pos", "ffn": "ffn", "attention": "attention"}
+    """Each yaml of conf/<group>/ (one at a time, the rest default) of every axis and of every other plug-in that a
+    decoder can take, with mtp=2: every parameter of the prediction modules learns."""
+    groups = {"norm": "norm", "norm_type": "norm_type", "pos": "pos", "ffn": "ffn", "attention": "attention"}
     assert set(groups) == set(AXES)
+    choices = [({"norm_type": "layernorm", axis: option}, None) for axis, group in groups.items()
+               for option in sorted(p.stem for p in (CONF / group).glob("*.yaml"))]
+    choices += [({"norm_type": "layernorm"}, {name: yaml.safe_load(path.read_text())})
+                for name in PLUGIN.names() if name != "mtp"
+                for path in sorted((CONF / name).glob("*.yaml")) if path.stem != "none"]
     tried = 0
-    for axis, group in groups.items():
-        for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
-            try:
-                model = tiny(**{axis: option}, norm_type="layernorm", dropout=0.1)
-            except ValueError as refused:  # an image-only encoding, a per-layer one: refused, saying why
-                assert "mtp=2" in str(refused) or "image" in str(refused), str(refused)
-                continue
-            x = tokens(2, 8)
-            loss = model(x).logsumexp(-1).mean()
-            aux = collect_aux_losses(model, torch.ones_like(x, dtype=torch.bool))
-            (loss + aux["mtp"].value * aux["mtp"].weight).backward()
-            grads = [p.grad for p in model.mtp.parameters()]
-            assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads), option
-            tried += 1
+    for fields, plugins in choices:
+        option = plugins or fields
+        try:
+            model = tiny(plugins=plugins, dropout=0.1, **fields)
+        except ValueError as refused:  # an image-only encoding, a per-layer one, value residual: refused, saying why
+            assert str(refused).startswith("mtp ") or "image" in str(refused), str(refused)
+            continue
+        x = tokens(2, 8)
+        loss = model(x).logsumexp(-1).mean()
+        aux = collect_aux_losses(model, torch.ones_like(x, dtype=torch.bool))
+        (loss + aux["mtp"].value * aux["mtp"].weight).backward()
+        grads = [p.grad for p in model.plugins["mtp"].parameters()]
+        assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads), option
+        tried += 1
     assert tried >= 20
     assert [k for k in KIND.names() if form_of(k) == "causal"] == ["decoder_only"]
 
@@ -172,13 +183,13 @@ def test_with_document_masking_positions_see_only_their_document_and_skip_target
     model, x = tiny(), tokens(2, T)
     docs = torch.tensor([[0] * 5 + [1] * 5, [0] * 10])
     model(x, doc_ids=docs)
-    first = [logits.detach() for logits, _, _ in model.mtp.predictions]
-    valid = model.mtp.predictions[0][2]
+    first = [logits.detach() for logits, _, _ in model.plugins["mtp"].predictions]
+    valid = model.plugins["mtp"].predictions[0][2]
     assert valid[0].tolist() == [True] * 4 + [False] + [True] * 3 and valid[1].all()  # t_(i+1) of another document
     y = x.clone()
     y[0, 0] = (y[0, 0] % (VOCAB - 1)) + 1  # the first document changes
     model(y, doc_ids=docs)
-    for a, (b, _, _) in zip(first, model.mtp.predictions, strict=True):
+    for a, (b, _, _) in zip(first, model.plugins["mtp"].predictions, strict=True):
         torch.testing.assert_close(a[0, 5:], b.detach()[0, 5:])  # the second document's positions do not see it
 
 
@@ -187,9 +198,9 @@ def test_train_py_runs_with_mtp_and_latent_attention_and_logs_the_loss(tmp_path)
     env = {**os.environ, "ARCHSWEEP_CACHE_DIR": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "model=decoder_only",
-                          "model.mtp=2", "attention=mla", "pos=rotary", "trainer.max_steps=4",
-                          "trainer.log_every_n_steps=2", "trainer.val_check_interval=4", "logger=csv",
-                          "eval.decode_samples=0", f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],
+                          "mtp=deepseek_v3", "model.plugins.mtp.depths=2", "attention=mla", "pos=rotary",
+                          "trainer.max_steps=4", "trainer.log_every_n_steps=2", "trainer.val_check_interval=4",
+                          "logger=csv", "eval.decode_samples=0", f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r.get("train/aux/mtp")]

@@ -22,6 +22,10 @@ def tiny(kind: str = "decoder_only", **overrides) -> torch.nn.Module:
     return build_model(ModelConfig(**cfg)).eval()
 
 
+FIXED = {"value_residual": {"learnable": False}}  # ResFormer's lambda2 = 0.5
+LEARNABLE = {"value_residual": {"learnable": True}}
+
+
 def tokens(b: int, t: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(1, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
@@ -74,7 +78,7 @@ def test_sequential_placements_equal_the_block_written_out(norm):
 
 
 def test_value_residual_fixed_mixes_values_with_the_first_layers():
-    model = tiny(value_residual="fixed", value_residual_lambda=0.25)
+    model = tiny(plugins={"value_residual": {"learnable": False, "weight": 0.25}})
     given, raw = {}, {}  # the values each attention kind receives; each layer's projected q, k, v
     for i, block in enumerate(model.decoder.blocks):
         block.self_attn.kernel.register_forward_pre_hook(lambda m, args, i=i: given.update({i: args[2]}))
@@ -89,19 +93,19 @@ def test_value_residual_fixed_mixes_values_with_the_first_layers():
 
 
 def test_value_residual_learned_has_two_lambdas_per_later_layer_and_they_learn():
-    model = tiny(value_residual="learnable").train()
-    lambdas = {n: p for n, p in model.named_parameters() if n.endswith("value_lambdas")}
-    assert sorted(lambdas) == [f"decoder.blocks.{i}.self_attn.value_lambdas" for i in (1, 2)]
+    model = tiny(plugins=LEARNABLE).train()
+    lambdas = {n: p for n, p in model.named_parameters() if n.endswith("value_residual.lambdas")}
+    assert sorted(lambdas) == [f"decoder.blocks.{i}.self_attn.plugins.value_residual.lambdas" for i in (1, 2)]
     assert all(torch.equal(p.detach(), torch.tensor([0.5, 0.5])) for p in lambdas.values())
     model(tokens(2, 9)).logsumexp(-1).mean().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lambdas.values())
     off = tiny()
-    assert not [n for n, _ in off.named_parameters() if "value_lambdas" in n]
-    assert "decoder.blocks.1.self_attn.value_lambdas" not in tiny(value_residual="fixed").state_dict()
+    assert not [n for n, _ in off.named_parameters() if "lambdas" in n]
+    assert "decoder.blocks.1.self_attn.plugins.value_residual.lambdas" not in tiny(plugins=FIXED).state_dict()
 
 
 OPTIONS = [dict(norm="parallel"), dict(norm={"name": "parallel", "shared_norm": False}),
-           dict(value_residual="learnable"), dict(value_residual="fixed", norm="parallel", qk_norm="rmsnorm")]
+           dict(plugins=LEARNABLE), dict(plugins={**FIXED, "qk_norm": {"type": "rmsnorm"}}, norm="parallel")]
 
 
 @pytest.mark.parametrize("kind, attention, options", list(itertools.product(
@@ -112,8 +116,8 @@ def test_cached_decoding_equals_the_full_forward(kind, attention, options):
 
 
 @pytest.mark.parametrize("kind", ["decoder_only", "encoder_decoder"])
-@pytest.mark.parametrize("options", [dict(norm="parallel"), dict(value_residual="learnable"),
-                                     dict(norm="parallel", value_residual="fixed")])
+@pytest.mark.parametrize("options", [dict(norm="parallel"), dict(plugins=LEARNABLE),
+                                     dict(norm="parallel", plugins=FIXED)])
 def test_activation_checkpointing_gives_the_same_gradients(kind, options):
     grads = []
     for checkpointing in (False, True):
@@ -128,8 +132,9 @@ def test_activation_checkpointing_gives_the_same_gradients(kind, options):
 
 
 @pytest.mark.parametrize("options,match", [
-    (dict(value_residual="yes"), "value_residual='yes' is not a known option; valid options: fixed, learnable"),
-    (dict(value_residual_lambda=1.5), r"value_residual_lambda=1.5 must be a number in \[0, 1\]"),
+    (dict(plugins={"value_residual": {"learnable": "yes"}}),
+     "plugin=value_residual: option learnable='yes' must be bool"),
+    (dict(plugins={"value_residual": {"weight": 1.5}}), r"value_residual: weight=1.5 must be in \[0, 1\]"),
     (dict(norm={"name": "parallel", "shared": True}), "norm=parallel has no option 'shared'")])
 def test_bad_options_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
