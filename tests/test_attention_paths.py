@@ -14,6 +14,7 @@ import torch
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.attention.base import attend
 from archsweep.variants.attention.layers import capture_attention
+from archsweep.variants.plugins.attn_softcap import AttentionSoftcap
 
 B, H, T, DH = 2, 4, 12, 8
 
@@ -83,7 +84,7 @@ def test_softcap_caps_the_scores_before_the_mask(case):
     h_kv, causal, mask = CASES[case]
     q, k, v = qkv(h_kv)
     q = 4 * q  # scores well above the cap, so capping changes them
-    out = attend(q, k, v, mask, causal, 0.0, None, softcap=2.0)
+    out = attend(q, k, v, mask, causal, 0.0, None, score_mod=AttentionSoftcap(2.0).score_mod)
     torch.testing.assert_close(out, reference(q, k, v, causal, mask, softcap=2.0))
     assert not torch.allclose(out, reference(q, k, v, causal, mask), atol=1e-3)
 

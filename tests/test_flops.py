@@ -98,11 +98,11 @@ def test_bidirectional_full_attention_matches_the_counter_exactly(pos):
     assert forward_flops(model, shape.replace(pooled=True)) == counted(model, args, pooled=True)[0]
 
 
-@pytest.mark.parametrize("gate", ["headwise", "elementwise"])
+@pytest.mark.parametrize("gate", [{"per": "head"}, {"per": "channel"}], ids=["headwise", "elementwise"])
 def test_the_attention_gate_and_sink_match_the_counter_exactly(gate):
     """The gate's projection and the sink's extra key (Tk + 1 keys per query in the SDPA call) are all the
     products they add."""
-    model = make("encoder_only", attn_gate=gate, attn_sink="learned")
+    model = make("encoder_only", plugins={"attn_gate": gate, "attn_sink": {"learned": True}})
     args, shape = inputs("encoder_only")
     assert forward_flops(model, shape) == counted(model, args)[0]
 

@@ -117,7 +117,7 @@ def lm_batch() -> dict[str, Tensor]:
 
 def test_z_loss_on_the_hook_gives_the_loss_and_log_of_the_old_formula():
     torch.manual_seed(0)
-    model = build_model(config(z_loss=1e-4, logit_softcap=5.0)).train()
+    model = build_model(config(plugins={"z_loss": {"weight": 1e-4}, "logit_softcap": {"cap": 5.0}})).train()
     batch = lm_batch()
     logits = forward_tokens(model, batch)
     labels = batch["labels"]
@@ -132,7 +132,7 @@ def test_z_loss_on_the_hook_gives_the_loss_and_log_of_the_old_formula():
 
 def test_z_loss_of_a_classifier_is_on_its_class_logits():
     torch.manual_seed(0)
-    model = build_model(config(kind="encoder_only", n_classes=3, z_loss=1e-3)).train()
+    model = build_model(config(kind="encoder_only", n_classes=3, plugins={"z_loss": {"weight": 1e-3}})).train()
     batch = {**lm_batch(), "labels": torch.tensor([[0], [2], [-100]])}
     logits = forward_classify(model, batch)  # (B, 1, n_classes)
     real = batch["labels"] != -100
@@ -142,13 +142,13 @@ def test_z_loss_of_a_classifier_is_on_its_class_logits():
 
 
 def test_no_loss_is_added_from_a_forward_that_is_not_a_training_step():
-    model = build_model(config(z_loss=1e-4))
+    model = build_model(config(plugins={"z_loss": {"weight": 1e-4}}))
     batch = lm_batch()
     with torch.no_grad():
         forward_tokens(model.train(), batch)
     forward_tokens(model.eval(), batch)
     assert collect_aux_losses(model, batch["labels"] != -100) == {}
-    loss, logged = lit_step(build_model(config()).train(), batch)  # z_loss 0: nothing recorded, nothing logged
+    loss, logged = lit_step(build_model(config()).train(), batch)  # no z_loss: nothing recorded, nothing logged
     assert not any(name.startswith("train/aux") for name in logged)
 
 
@@ -287,7 +287,7 @@ def test_a_toy_mixture_of_experts_trains_from_one_py_and_one_yaml(tmp_path):
            "ARCHSWEEP_CACHE_DIR": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "ffn=toy_experts",
-                          "model.z_loss=1e-4", "trainer.max_steps=4", "trainer.log_every_n_steps=2",
+                          "z_loss=palm", "trainer.max_steps=4", "trainer.log_every_n_steps=2",
                           "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0",
                           f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

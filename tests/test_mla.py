@@ -123,8 +123,11 @@ def test_flops_count_the_projections_and_the_scores_exactly_when_nothing_is_mask
     (dict(pos="xpos"), r"attention=mla cannot take pos=xpos: it changes the magnitude"),
     (dict(pos={"name": "rotary", "scaling": "yarn", "factor": 4.0}), r"YaRN's attention temperature"),
     (dict(n_kv_heads=2), r"n_kv_heads=2 does not apply to attention=mla"),
-    (dict(qk_norm="rmsnorm"), r"qk_norm='rmsnorm' cannot be used with attention=mla"),
-    (dict(value_residual="fixed"), r"value_residual='fixed' cannot be used with attention=mla"),
+    (dict(plugins={"qk_norm": {"type": "rmsnorm"}}),
+     r"qk_norm needs the layer's own q, k, v and output projections, which attention=mla replaces with its own; "
+     r"set qk_norm=none or choose attention="),
+    (dict(plugins={"value_residual": {"learnable": False}}),
+     r"value_residual needs the layer's own q, k, v and output projections, which attention=mla replaces"),
     (dict(attention={"name": "mla", "qk_rope_head_dim": 3}), r"qk_rope_head_dim=3 must be even"),
     (dict(attention={"name": "mla", "kv_lora_rank": 0}), r"kv_lora_rank=0 must be an integer >= 1"),
 ])

@@ -113,8 +113,9 @@ def tiny(**overrides) -> nn.Module:
 
 
 @pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "pos": "learned"},
-                                       {"kind": "encoder_only", "qk_norm": "rmsnorm"},
-                                       {"kind": "encoder_decoder", "value_residual": "learnable"}])
+                                       {"kind": "encoder_only", "plugins": {"qk_norm": {"type": "rmsnorm"}}},
+                                       {"kind": "encoder_decoder",
+                                        "plugins": {"value_residual": {"learnable": True}}}])
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(overrides):
     model = tiny(**overrides)
     opt = make_optimizer(model, MUON)
