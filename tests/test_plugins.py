@@ -213,3 +213,27 @@ def test_the_scan_catches_a_list_of_option_names(tmp_path):
     old = ast.parse('NORM_TYPES = ("layernorm", "rmsnorm", "dyt")')
     strings = {e.value for node in ast.walk(old) if isinstance(node, ast.Tuple) for e in node.elts}
     assert strings <= families["registry norm_type"]
+
+
+def test_export_hf_refuses_a_run_before_its_first_step_naming_each_option(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "model=decoder_only", "norm=pre", "pos=rotary",
+                          "ffn=swiglu", "norm_type=rmsnorm", "attn_gate=elementwise", "export=hf", "logger=csv",
+                          f"output_root={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0
+    assert "error: export=hf: this model has no exact Hugging Face equivalent" in out.stderr
+    assert "as LlamaForCausalLM: attn_gate (per=channel: no Hugging Face equivalent; set attn_gate=none), " \
+           "scale_embedding=true (set model.scale_embedding=false)" in out.stderr
+    assert not list(tmp_path.glob("**/checkpoints"))
+
+
+def test_export_hf_accepts_a_model_a_layout_maps():
+    from archsweep.core.train.lifecycle.checks import check_exportable
+
+    check_exportable(ModelConfig(**LLAMA).validate())
+    check_exportable(ModelConfig(**GPT2, plugins={"z_loss": {}}).validate())

@@ -310,8 +310,12 @@ class RunSchema:
     label_smoothing: float = 0.0
     threads: int | None = None
     objective: str = "val/loss"
+    export: str | None = None  # hf: the run must stay exportable (archsweep-export), refused before training if not
 
     def __post_init__(self) -> None:
+        if self.export not in (None, "hf"):
+            refuse("export", self.export, "must be hf (the model must map onto a Hugging Face class: checked before "
+                                          "training) or null")
         if not 0 <= self.seed <= SEED_MAX:
             refuse("seed", self.seed, f"must be a whole number from 0 to {SEED_MAX}, e.g. seed=0")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -413,6 +417,6 @@ ONE_SCHEMA = {"trainer": TrainerSchema, "decoding": DecodingConfig, "diagnostics
 def check_schemas(cfg: DictConfig) -> Checked:
     """Every typed group of a composed train.py config as its dataclass (their `__post_init__` rules run), and
     the top-level settings. ValueError names the field, the value and the fix."""
-    run = typed(OmegaConf.create({k: cfg.get(k) for k in ("seed", "label_smoothing", "threads", "objective")
+    run = typed(OmegaConf.create({k: cfg.get(k) for k in ("seed", "label_smoothing", "threads", "objective", "export")
                                   if k in cfg}), "", RunSchema)
     return Checked(run, {g: typed(cfg[g], g, ONE_SCHEMA.get(g)) for g in GROUPS if cfg.get(g) is not None})

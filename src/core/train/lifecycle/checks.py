@@ -25,6 +25,7 @@ from archsweep.core.model.checkpoint import (
     resolve_init,
 )
 from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
+from archsweep.variants.plugins import PLUGIN
 from archsweep.core.train.config.diagnostics import DiagnosticsConfig
 from archsweep.core.train.config.rules import (
     check_rules,
@@ -96,11 +97,12 @@ def hf_import(fields: dict[str, Any], folder: str, overrides: list[str] | tuple[
 
 
 def model_config(cfg: DictConfig, task: Task, overrides: list[str] | tuple[str, ...] = ()) -> ModelConfig:
-    for axis in AXES:  # a variant yaml whose first line is not its package directive lands at the top level
+    for axis in (*AXES, *PLUGIN.names()):  # a yaml whose first line is not its package directive lands at the top
         if axis in cfg:
+            package = f"model.{axis}" if axis in AXES else f"model.plugins.{axis}"
             raise ConfigError(f"{axis}: the config has a top-level `{axis}` key, so the option's yaml is not read as "
                               f"part of the model; conf/{axis}/<option>.yaml must begin with the line "
-                              f"'# @package model.{axis}'")
+                              f"'# @package {package}'")
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     try:
         task.check_kind(str(fields.get("kind")))
@@ -132,7 +134,21 @@ def model_config(cfg: DictConfig, task: Task, overrides: list[str] | tuple[str, 
     with open_dict(cfg):  # the resolved config records what was actually built
         for key in filled:
             cfg.model[key] = getattr(model_cfg, key)
+    if cfg.get("export") == "hf":
+        check_exportable(model_cfg)
     return model_cfg
+
+
+def check_exportable(model_cfg: ModelConfig) -> None:
+    """`export=hf`: a model that no Hugging Face layout maps exactly is refused before any training, naming each
+    option that has no place and the value that would."""
+    from archsweep.core.model.hf import layout_for
+
+    try:
+        layout_for(model_cfg)
+    except ValueError as e:
+        raise ConfigError(f"export=hf: {str(e).replace('; nothing was written', '')}; change those options or set "
+                          f"export=null") from None
 
 
 def match_params(model_cfg: ModelConfig, target: Any, field: str = "d_ff", count: str = "total") -> ModelConfig:
