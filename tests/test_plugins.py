@@ -152,7 +152,8 @@ def test_export_writes_nothing_for_a_gated_model(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "archsweep": {"model_config": model.config.to_dict(), "codec": None}}, run / "checkpoints" / "best.ckpt")
+                "archsweep": {"model_config": model.config.to_dict(), "codec": None}},
+               run / "checkpoints" / "best.ckpt")
     with pytest.raises(ValueError, match=r"attn_gate \(per=channel: no Hugging Face equivalent; set attn_gate=none\)"):
         export(run, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -25,7 +25,6 @@ from archsweep.core.model.checkpoint import (
     resolve_init,
 )
 from archsweep.core.model.config import AXES, DecodingConfig, ModelConfig
-from archsweep.variants.plugins import PLUGIN
 from archsweep.core.train.config.diagnostics import DiagnosticsConfig
 from archsweep.core.train.config.rules import (
     check_rules,
@@ -41,6 +40,7 @@ from archsweep.core.train.monitoring.callback_group import check_callbacks
 from archsweep.core.train.monitoring.loggers import check_logger
 from archsweep.core.train.runs.resume import NOT_SAVED, SAVED, saved_overrides
 from archsweep.core.train.runs.runinfo import RunInfo, override_key
+from archsweep.variants.plugins import PLUGIN
 
 log = logging.getLogger("train")
 BUDGET_SLACK = 0.05  # whole steps that miss budget.flops / budget.tokens by more than this fraction are warned about
