@@ -238,3 +238,70 @@ def test_export_hf_accepts_a_model_a_layout_maps():
 
     check_exportable(ModelConfig(**LLAMA).validate())
     check_exportable(ModelConfig(**GPT2, plugins={"z_loss": {}}).validate())
+
+
+def all_option_configs() -> list[ModelConfig]:
+    """Every option of every axis and every plug-in, each in a small model of a kind that takes it."""
+    base = dict(vocab_size=20, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=16)
+    image = dict(kind="vit", image_size=[4, 4], patch_size=2, in_channels=3, n_classes=3)
+    out = []
+    for axis, registry in AXES.items():
+        for name in registry.names():
+            for kind in ({"kind": "decoder_only", "norm": "pre"}, {"kind": "encoder_decoder"}, image):
+                try:
+                    out.append(ModelConfig(**{**base, **kind, axis: name}).validate())
+                    break
+                except ValueError:
+                    continue
+    for name in PLUGIN.names():
+        out.append(ModelConfig(**base, kind="decoder_only", norm="pre", tie_embeddings=False,
+                               plugins={name: {}}).validate())
+    out.append(ModelConfig(**base, kind="encoder_only").validate())
+    return out
+
+
+def test_every_parameter_of_every_option_has_a_role():
+    from archsweep.variants.roles import ROLES, parameter_roles
+
+    seen = set()
+    for cfg in all_option_configs():
+        model = build_model(cfg)
+        roles = parameter_roles(model)
+        assert set(roles) == {n for n, _ in model.named_parameters()}, cfg
+        assert set(roles.values()) <= set(ROLES)
+        seen |= set(roles.values())
+    assert seen == set(ROLES)  # every role is met somewhere
+
+
+def test_roles_say_what_each_parameter_is():
+    from archsweep.variants.roles import parameter_roles
+
+    torch.manual_seed(0)
+    roles = parameter_roles(build_model(ModelConfig(**{**LLAMA, "ffn": "moe"}, plugins={"attn_sink": {}})))
+    block = "decoder.blocks.0."
+    assert roles["decoder.embed.weight"] == "embedding" and roles["head.weight"] == "head"
+    assert roles[f"{block}self_attn.qkv_proj.weight"] == "hidden"
+    assert roles[f"{block}self_attn.out_proj.weight"] == "hidden_out"
+    assert roles[f"{block}ffn.experts.down_proj"] == roles[f"{block}ffn.experts.up_proj"] == "expert"
+    assert roles[f"{block}self_attn.plugins.attn_sink.logits"] == "vector"
+    assert roles[f"{block}attn_res.norm.weight"] == "vector"
+    tied = parameter_roles(build_model(ModelConfig(**{**LLAMA, "tie_embeddings": True})))
+    assert "head.weight" not in tied and tied["decoder.embed.weight"] == "embedding"  # one Parameter, one role
+    mla = parameter_roles(build_model(ModelConfig(**{**LLAMA, "n_kv_heads": None, "attention": "mla"})))
+    # the latent's down projection compresses the input; it is no residual output (the old suffix rule said it was)
+    assert mla[f"{block}self_attn.kernel.kv_down_proj.weight"] == "hidden"
+    assert mla[f"{block}self_attn.kernel.out_proj.weight"] == "hidden_out"
+    vit = parameter_roles(build_model(ModelConfig(kind="vit", vocab_size=3, d_model=16, n_heads=2, n_layers=1,
+                                                  d_ff=32, max_seq_len=17, image_size=[4, 4], patch_size=2,
+                                                  in_channels=3, n_classes=3, norm="pre", pos="learned")))
+    assert vit["embed.proj.weight"] == vit["embed.cls_token"] == "embedding" and vit["classifier.weight"] == "head"
+
+
+def test_a_parameter_nobody_gave_a_role_is_refused_by_name():
+    from archsweep.variants.roles import parameter_roles
+
+    model = build_model(ModelConfig(**LLAMA))
+    model.decoder.blocks[0].self_attn.register_parameter("table", nn.Parameter(torch.zeros(3, 4)))
+    with pytest.raises(ValueError, match=r"no role for decoder\.blocks\.0\.self_attn\.table: the modules that own "
+                                         r"them must declare one with roles\(\)"):
+        parameter_roles(model)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archsweep.variants.plugins.base import OutputPlugins
+from archsweep.variants.roles import HEAD
 
 
 class TokenEmbedding(nn.Module):
@@ -36,6 +37,7 @@ class LMHead(nn.Module):
                  plugins: OutputPlugins | None = None) -> None:
         super().__init__()
         self.plugins = plugins if plugins is not None else OutputPlugins()
+        self.tied = tied_to is not None
         if tied_to is None:
             self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model ** -0.5)
         else:
@@ -44,6 +46,9 @@ class LMHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.plugins(F.linear(x, self.weight, self.bias))  # (B, T, V)
+
+    def roles(self) -> dict[str, str]:
+        return {} if self.tied else {"weight": HEAD}  # tied: the embedding's Parameter, and its role
 
     def logits(self, x: Tensor) -> Tensor:
         """(..., D) -> (..., V), observed by no plug-in: for other predictions through the same head (multi-token)."""

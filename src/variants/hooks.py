@@ -13,6 +13,10 @@ variant or plug-in that defines a method a slip away from a hook name (`aux_loss
   recomputation) records too; the next step's forward replaces that record before it is read.
 - `init_parameters(scheme, n_layers)`: initialises the module's own parameters (not its children's) after the
   default rules (`init.py`), for parameters that are not an nn.Linear or an embedding.
+- `init_fused(scheme)`: re-initialises an nn.Linear that fuses several projections per part, right after the
+  default rules (Xavier's fans of separate q, k, v projections).
+- `roles() -> dict[str, str]`: the role of parameters under the module where the default by type is not it
+  (`roles.py`: an attention output writes into the residual stream, an untied head, stacked experts).
 - `weight_matrices() -> list[Parameter]`: its weight matrices that are not nn.Linear weights, 2-D or stacked
   (E, out, in): Muon orthogonalises them (each slice on its own), DeepNorm scales them as FFN matrices.
 - `active_params() -> int`: how many of the module's parameters (children included) one token uses; default all.
@@ -43,6 +47,8 @@ class ModuleHooks(Protocol):
     def aux_losses(self, labelled: Tensor) -> dict[str, AuxLoss]: ...
 
     def init_parameters(self, scheme: str, n_layers: int) -> None: ...
+
+    def init_fused(self, scheme: str) -> None: ...
 
     def weight_matrices(self) -> list[nn.Parameter]: ...
 

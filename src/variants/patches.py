@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from archsweep.variants.roles import EMBEDDING
+
 
 def image_hw(image_size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
     """`image_size` (an int for a square, or [H, W]) -> (H, W)."""
@@ -39,6 +41,10 @@ class PatchEmbedding(nn.Module):
         self.patch_size = patch_size
         self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if class_token else None  # zeros, as the paper's
+
+    def roles(self) -> dict[str, str]:
+        """The patch projection and the class token are the input embedding of an image."""
+        return {"proj.weight": EMBEDDING, **({"cls_token": EMBEDDING} if self.cls_token is not None else {})}
 
     @property
     def n_prefix(self) -> int:

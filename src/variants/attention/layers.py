@@ -19,6 +19,7 @@ from archsweep.variants.attention.base import AttentionKernel, AttnContext, atte
 from archsweep.variants.cache import KVCache
 from archsweep.variants.flops import Shape, children_flops, linear_flops
 from archsweep.variants.plugins.base import AttentionPlugin, hooks_of
+from archsweep.variants.roles import HIDDEN_OUT
 
 
 class Attention(nn.Module):
@@ -51,6 +52,9 @@ class Attention(nn.Module):
 
     def p_drop(self) -> float:
         return self.dropout if self.training else 0.0
+
+    def roles(self) -> dict[str, str]:
+        return {"out_proj.weight": HIDDEN_OUT} if self.out_proj is not None else {}
 
     def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         for name in self.qk_hooks:
@@ -103,6 +107,21 @@ class SelfAttention(Attention):
             y = self.plugins[name].output(x, y)
         return self.merge_heads(y)
 
+    def value_output_weights(self) -> list[Tensor]:
+        """The matrices that make values and the output (DeepNorm scales them): the value rows of the fused
+        projection and out_proj; a kind that projects itself says its own."""
+        if self.qkv_proj is None:
+            return self.kernel.value_output_weights()
+        return [self.qkv_proj.weight[(self.n_heads + self.n_kv_heads) * self.head_dim:], self.out_proj.weight]
+
+    @torch.no_grad()
+    def init_fused(self, scheme: str) -> None:
+        """Xavier (the 2017 paper's scheme): the fused q, k, v rows get the fans of separate projections."""
+        if scheme == "xavier" and self.qkv_proj is not None:
+            q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+            for part in self.qkv_proj.weight.split([q, kv, kv]):
+                nn.init.xavier_uniform_(part)
+
     def split_qkv(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, (H + 2 Hkv) Dh) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh); the same values either way."""
         h, hkv = self.n_heads, self.n_kv_heads
@@ -141,6 +160,16 @@ class CrossAttention(Attention):
         if self.qk_hooks:
             q, k = self.norm_qk(q, k)
         return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record, self.score_mod()))
+
+    def value_output_weights(self) -> list[Tensor]:
+        return [self.kv_proj.weight[self.n_kv_heads * self.head_dim:], self.out_proj.weight]
+
+    @torch.no_grad()
+    def init_fused(self, scheme: str) -> None:
+        """Xavier: the fused k, v rows get the fans of separate projections."""
+        if scheme == "xavier":
+            for part in self.kv_proj.weight.chunk(2):
+                nn.init.xavier_uniform_(part)
 
     def flops(self, shape: Shape) -> float:
         """Queries and output per decoder token; keys and values per encoder position; each query scores and

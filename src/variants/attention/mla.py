@@ -23,6 +23,7 @@ from archsweep.variants.attention import ATTENTION
 from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend, mean_keys
 from archsweep.variants.pos.base import PositionalEncoding
 from archsweep.variants.pos.rotary import Rotary
+from archsweep.variants.roles import HIDDEN_OUT
 
 SIZES = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
@@ -113,6 +114,9 @@ class LatentAttention(AttentionKernel):
         mask, is_causal = ctx.layer_mask(q, k, self.layer)
         y = attend(q, k, v, mask, is_causal, dropout, record, ctx.score_mod, ctx.sink)  # (B, H, T, v)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.v_dim))
+
+    def roles(self) -> dict[str, str]:
+        return {"out_proj.weight": HIDDEN_OUT}
 
     def value_output_weights(self) -> list[Tensor]:
         """The matrices that make values and the output (DeepNorm scales them): the latent's value rows, out_proj."""

@@ -17,6 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from archsweep.variants.dropout import apply_dropout
+from archsweep.variants.roles import HIDDEN_OUT
 
 
 def gated_hidden_size(d_ff: int) -> int:
@@ -57,6 +58,9 @@ class FeedForward(FFNBase):
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(self.hidden_dropout(self.activation(self.up_proj(x))))
 
+    def roles(self) -> dict[str, str]:
+        return {"down_proj.weight": HIDDEN_OUT}
+
 
 class GatedFeedForward(FFNBase):
     """down_proj(activation(gate_proj(x)) * up_proj(x))."""
@@ -80,6 +84,9 @@ class GatedFeedForward(FFNBase):
     @classmethod
     def follows_d_ff(cls, options: Mapping[str, Any]) -> bool:
         return options.get("gated_d_ff") is None
+
+    def roles(self) -> dict[str, str]:
+        return {"down_proj.weight": HIDDEN_OUT}
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(self.hidden_dropout(self.activation(self.gate_proj(x)) * self.up_proj(x)))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archsweep.variants.dropout import apply_dropout
+from archsweep.variants.roles import EXPERT, VECTOR
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
@@ -90,6 +91,10 @@ class Experts(nn.Module):
 
     def weight_matrices(self) -> list[nn.Parameter]:
         return [m for m in (self.gate_proj, self.up_proj, self.down_proj) if m is not None]
+
+    def roles(self) -> dict[str, str]:
+        """The stacked matrices are expert stacks; the stacked biases (E, out) vectors."""
+        return {name: EXPERT if name.endswith("_proj") else VECTOR for name, _ in self.named_parameters()}
 
     @torch.no_grad()
     def init_parameters(self, scheme: str, n_layers: int) -> None:

@@ -13,6 +13,7 @@ from archsweep.variants.flops import Shape, forward_flops
 from archsweep.variants.model import BIDIRECTIONAL, KIND
 from archsweep.variants.model.base import ModelKind, Parts
 from archsweep.variants.plugins.base import OutputPlugins
+from archsweep.variants.roles import HEAD
 
 POOLINGS = ("cls", "mean")  # first token through dense + tanh (BERT), or the mean over real tokens
 
@@ -20,6 +21,9 @@ POOLINGS = ("cls", "mean")  # first token through dense + tanh (BERT), or the me
 @KIND.register("encoder_only")
 class EncoderOnly(ModelKind):
     form = BIDIRECTIONAL
+
+    def roles(self) -> dict[str, str]:
+        return {"classifier.weight": HEAD}
 
     @classmethod
     def assemble(cls, parts: Parts) -> EncoderOnly:

@@ -18,6 +18,7 @@ from archsweep.variants.model import IMAGE, KIND
 from archsweep.variants.model.base import ModelKind, Parts
 from archsweep.variants.patches import PatchEmbedding, image_hw, patch_grid
 from archsweep.variants.plugins.base import OutputPlugins
+from archsweep.variants.roles import HEAD
 
 POOLINGS = ("cls", "mean")  # the class token, or the mean over the patch tokens (no class token)
 
@@ -36,6 +37,9 @@ class VisionTransformer(ModelKind):
         self.pre_logits = nn.Sequential(nn.Linear(d_model, width), nn.Tanh()) if head_hidden else nn.Identity()
         self.classifier = nn.Linear(width, n_classes)
         self.plugins = plugins if plugins is not None else OutputPlugins()  # on the class logits
+
+    def roles(self) -> dict[str, str]:
+        return {"classifier.weight": HEAD}
 
     @classmethod
     def assemble(cls, parts: Parts) -> VisionTransformer:

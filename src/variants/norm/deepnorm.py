@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from archsweep.variants.attention.layers import CrossAttention, SelfAttention
 from archsweep.variants.hooks import weight_matrices
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm.base import NormFactory, Residual, Sublayer
@@ -40,15 +39,9 @@ class DeepNorm(Residual):
 
     @torch.no_grad()
     def init_sublayer(self, sublayer: nn.Module) -> None:
-        if isinstance(sublayer, SelfAttention) and sublayer.qkv_proj is None:  # a kind with its own projections
-            for matrix in sublayer.kernel.value_output_weights():
+        if callable(getattr(sublayer, "value_output_weights", None)):  # attention: the layer knows its layout
+            for matrix in sublayer.value_output_weights():
                 matrix.mul_(self.beta)
-        elif isinstance(sublayer, SelfAttention):
-            sublayer.qkv_proj.weight[(sublayer.n_heads + sublayer.n_kv_heads) * sublayer.head_dim:].mul_(self.beta)
-            sublayer.out_proj.weight.mul_(self.beta)
-        elif isinstance(sublayer, CrossAttention):
-            sublayer.kv_proj.weight[sublayer.n_kv_heads * sublayer.head_dim:].mul_(self.beta)
-            sublayer.out_proj.weight.mul_(self.beta)
         else:  # the FFN: every matrix, the ones it declares (`weight_matrices()`, e.g. stacked experts) too
             for matrix in weight_matrices(sublayer):
                 matrix.mul_(self.beta)
