@@ -1,34 +1,42 @@
-"""Every option of every axis (kind, norm, pos, ffn, attention: the yamls in conf/) and of every model field with a
-closed set of options (`FIELDS`: norm_type, attn_gate, attn_sink) builds, runs forward and backward with finite
-values, and every parameter that should learn gets a gradient, over a set of combinations in which every allowed
-pair of options of two axes or fields meets at least once (all-pairs), not over the full product. Each rule across
-axes (`archsweep.variants.rules.RULES`) is refused once, with a message naming the fields and a fix that works."""
+"""Every option of every axis (kind, norm, norm_type, pos, ffn, attention: the yamls in conf/) and of the attention
+plug-ins with a parameter on the layer's output or softmax (`FIELDS`: attn_gate, attn_sink, their yamls in conf/)
+builds, runs forward and backward with finite values, and every parameter that should learn gets a gradient, over a
+set of combinations in which every allowed pair of options of two axes or fields meets at least once (all-pairs),
+not over the full product. Each rule across axes (`archsweep.variants.rules.RULES`) is refused at least once (the
+plug-ins' rule once per capability a plug-in requires), with a message naming the fields and a fix that works."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.model.config import AXES
-from archsweep.variants.attention import GATES, SINKS
 from archsweep.variants.model import BIDIRECTIONAL, CAUSAL, IMAGE, KIND, SOURCE_TARGET, form_of
-from archsweep.variants.norm import NORM_TYPES
+from archsweep.variants.plugins import PLUGIN
 from archsweep.variants.pos import POS
 from archsweep.variants.pos.base import PositionalEncoding
 from archsweep.variants.rules import RULES, Choices, check_rules
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = {"kind": "model", "norm": "norm", "pos": "pos", "ffn": "ffn", "attention": "attention"}  # field: conf group
+GROUPS = {"kind": "model", "norm": "norm", "norm_type": "norm_type", "pos": "pos", "ffn": "ffn",
+          "attention": "attention"}  # field: conf group
 AXIS_OPTIONS = {axis: sorted(p.stem for p in (CONF / group).glob("*.yaml")) for axis, group in GROUPS.items()}
-FIELDS = {"norm_type": list(NORM_TYPES), "attn_gate": list(GATES), "attn_sink": list(SINKS)}  # model fields: options
+# plug-ins: the options of their groups (`none`: off, the default)
+FIELDS = {name: sorted(p.stem for p in (CONF / name).glob("*.yaml")) for name in ("attn_gate", "attn_sink")}
 OPTIONS = {**AXIS_OPTIONS, **FIELDS}
 REGISTRIES = {"kind": KIND, **AXES}
-FIELD_DEFAULTS = tuple(getattr(ModelConfig, field) for field in FIELDS)
+FIELD_DEFAULTS = ("none",) * len(FIELDS)
+# the plug-in's options each yaml conf/<name>/<option>.yaml sets; None for `none` (off)
+PLUGIN_OPTIONS = {name: {option: None if option == "none" else yaml.safe_load((CONF / name / f"{option}.yaml")
+                                                                             .read_text()) for option in options}
+                  for name, options in FIELDS.items()}
 # options small enough to act on a 7-token input: a window that excludes keys, a global layer in the pattern
 ATTENTION_OPTIONS = {"sliding_window": {"window": 3, "layer_pattern": "LG"}, "performer": {"n_features": 8},
                      "linear": {"chunk_size": 4}}
@@ -42,22 +50,31 @@ def named(combination: Combination) -> dict[str, str]:
     return dict(zip(OPTIONS, combination, strict=True))
 
 
-def config(combination: Combination, **fields) -> ModelConfig:
-    """A small model of these options, not yet validated."""
-    chosen = named(combination)
+def chosen_plugins(combination: Combination, plugins: dict | None = None) -> dict[str, dict]:
+    """The plug-ins a combination turns on (its fields' options), and `plugins` besides."""
+    chosen = {name: PLUGIN_OPTIONS[name][option] for name, option in named(combination).items() if name in FIELDS}
+    return {name: options for name, options in {**chosen, **(plugins or {})}.items() if options is not None}
+
+
+def config(combination: Combination, plugins: dict | None = None, **fields) -> ModelConfig:
+    """A small model of these options (and `plugins` besides), not yet validated."""
+    chosen = {axis: option for axis, option in named(combination).items() if axis not in FIELDS}
     kind, attention = chosen.pop("kind"), chosen.pop("attention")
-    values = dict(kind=kind, **chosen, vocab_size=13, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=16,
+    values = dict(kind=kind, **chosen, plugins=chosen_plugins(combination, plugins), vocab_size=13, d_model=16,
+                  n_heads=2, n_layers=2, d_ff=32, max_seq_len=16,
                   dropout=0.1, n_classes=3,
                   attention={"name": attention, **ATTENTION_OPTIONS.get(attention, {})},
                   **(IMAGE_SIZES if form_of(kind) == IMAGE else {}))
     return ModelConfig(**{**values, **fields})
 
 
-def choices(combination: Combination, **fields) -> Choices:
-    """What the rules across axes see of this combination: the option names, their classes and the fields."""
+def choices(combination: Combination, plugins: dict | None = None, **fields) -> Choices:
+    """What the rules across axes see of this combination: the option names, their classes, the fields and the
+    plug-ins' classes."""
     names = {axis: name for axis, name in named(combination).items() if axis in REGISTRIES}
     classes = {axis: REGISTRIES[axis].get(name) for axis, name in names.items()}
-    return Choices(names, classes, config(combination, **fields).sizes())
+    return Choices(names, classes, config(combination, plugins, **fields).sizes(),
+                   plugins={name: PLUGIN.get(name) for name in chosen_plugins(combination, plugins)})
 
 
 def allowed(combination: Combination) -> bool:
@@ -69,8 +86,9 @@ def allowed(combination: Combination) -> bool:
     return True
 
 
-def pairs(combination: Combination) -> set[Pair]:
-    return set(itertools.combinations(named(combination).items(), 2))
+@functools.cache
+def pairs(combination: Combination) -> frozenset[Pair]:
+    return frozenset(itertools.combinations(named(combination).items(), 2))
 
 
 def all_pairs(candidates: list[Combination]) -> list[Combination]:
@@ -187,70 +205,78 @@ def first(axis: str, test) -> str:
 
 
 def combination(**chosen: str) -> Combination:
-    """These options, and each other axis' default."""
+    """These options, and each other axis' default (each field's: none)."""
     defaults = {**{axis: registry.default for axis, registry in REGISTRIES.items()},
                 **dict(zip(FIELDS, FIELD_DEFAULTS, strict=True))}
     return tuple(chosen.get(axis, defaults[axis]) for axis in OPTIONS)
 
 
 KERNEL = first("attention", lambda c: not c.forms_scores)  # an attention kind without a score matrix
-SINK = next(s for s in SINKS if s != ModelConfig.attn_sink)  # a sink
+SINK = next(s for s in FIELDS["attn_sink"] if s != "none")  # a sink
 BIASED = first("pos", lambda c: c.score_bias)  # an encoding that adds to the scores
 PATCHES = first("pos", lambda c: c.image_only)  # an encoding of an image's patch grid
 SEQUENCE = first("kind", lambda c: c.form != IMAGE)  # a kind that reads token sequences
 PICKY = first("attention", lambda c: any(c.pos_refusal(POS.get(p), {}) for p in POS.names()))  # refuses an encoding
 REFUSED_POS = first("pos", lambda c: REGISTRIES["attention"].get(PICKY).pos_refusal(c, {}) is not None)
 CAUSAL_KIND = first("kind", lambda c: c.form == CAUSAL)  # the kind multi-token prediction extends
+NOT_CAUSAL = first("kind", lambda c: c.form != CAUSAL)  # one it cannot extend
 PER_LAYER = first("pos", lambda c: c.content_bias is not PositionalEncoding.content_bias)  # tables per layer
 PROJECTING = first("attention", lambda c: c.projects)  # a kind that projects its input and output itself
-GATE = next(g for g in GATES if g != ModelConfig.attn_gate)  # a gate
+GATE = next(g for g in FIELDS["attn_gate"] if g != "none")  # a gate
 OR = r"(?:\w+)(?: or \w+)*"
-# per rule: a combination and fields it refuses, and its message; the named groups are the fixes it offers
+# per case: the rule, a combination and plug-ins besides it that it refuses, and its message; the named groups are
+# the fixes it offers
 REFUSED = {
     "score_bias_needs_scores": (
-        combination(kind=SEQUENCE, attention=KERNEL, pos=BIASED), {},
+        "score_bias_needs_scores", combination(kind=SEQUENCE, attention=KERNEL, pos=BIASED), {},
         rf"attention={KERNEL} never forms the score matrix Q K\^T, so pos={BIASED} \(an additive bias on the "
         rf"scores\) has nothing to act on; choose pos=(?P<pos>{OR}), or attention=(?P<attention>{OR})$"),
     "softcap_needs_scores": (
-        combination(attention=KERNEL), {"attn_softcap": 30.0},
-        rf"attn_softcap=30.0 caps the score matrix Q K\^T, which attention={KERNEL} never forms; leave attn_softcap "
-        rf"null or choose attention=(?P<attention>{OR})$"),
+        "plugins_get_what_they_require", combination(attention=KERNEL), {"attn_softcap": {"cap": 30.0}},
+        rf"attn_softcap needs the score matrix Q K\^T, which attention={KERNEL} never forms; set attn_softcap=none "
+        rf"or choose attention=(?P<attention>{OR})$"),
     "sink_needs_scores": (
-        combination(attention=KERNEL), {"attn_sink": SINK},
-        rf"attn_sink={SINK} adds a logit to the softmax over the score matrix Q K\^T, which attention={KERNEL} never "
-        rf"forms \(its kernel feature map has no softmax denominator to add it to\); set attn_sink=none or choose "
-        rf"attention=(?P<attention>{OR})$"),
+        "plugins_get_what_they_require", combination(attention=KERNEL, attn_sink=SINK), {},
+        rf"attn_sink needs the score matrix Q K\^T, which attention={KERNEL} never forms; set attn_sink=none or "
+        rf"choose attention=(?P<attention>{OR})$"),
     "gate_needs_the_layers_projections": (
-        combination(kind=CAUSAL_KIND, attention=PROJECTING), {"attn_gate": GATE},
-        rf"attn_gate={GATE} gates each head's output before the layer's output projection, which "
-        rf"attention={PROJECTING} applies inside its own kernel \(with heads of its own v_head_dim\); set "
-        rf"attn_gate=none or choose attention=(?P<attention>{OR})$"),
+        "plugins_get_what_they_require", combination(kind=CAUSAL_KIND, attention=PROJECTING, attn_gate=GATE), {},
+        rf"attn_gate needs the layer's own q, k, v and output projections, which attention={PROJECTING} replaces "
+        rf"with its own; set attn_gate=none or choose attention=(?P<attention>{OR})$"),
+    "mtp_needs_a_causal_stack": (
+        "plugins_get_what_they_require", combination(kind=NOT_CAUSAL), {"mtp": {"depths": 1}},
+        rf"mtp needs one causal stack over one sequence, which kind={NOT_CAUSAL} is not; set mtp=none or choose "
+        rf"model=(?P<kind>{OR})$"),
     "patch_positions_need_images": (
-        combination(kind=SEQUENCE, pos=PATCHES), {},
+        "patch_positions_need_images", combination(kind=SEQUENCE, pos=PATCHES), {},
         rf"pos={PATCHES} places positions on an image's 2D patch grid and needs an image input: model "
         rf"kind=(?P<kind>{OR}), not kind={SEQUENCE}; choose another pos for a token sequence$"),
     "attention_takes_the_encoding": (
-        combination(kind=SEQUENCE, attention=PICKY, pos=REFUSED_POS), {},
+        "attention_takes_the_encoding", combination(kind=SEQUENCE, attention=PICKY, pos=REFUSED_POS), {},
         rf"attention={PICKY} cannot take pos={REFUSED_POS}: [^;]+; choose pos=(?P<pos>{OR}), or another attention "
         rf"kind$"),
     "mtp_shares_the_encoding": (
-        combination(kind=CAUSAL_KIND, pos=PER_LAYER), {"mtp": 1},
-        rf"mtp=1 cannot be used with pos={PER_LAYER}: its score terms are learned per layer of the stack, and the "
-        rf"prediction modules' blocks are not among those layers; choose pos=(?P<pos>{OR}), or set model.mtp=0$"),
+        "plugins_get_what_they_require", combination(kind=CAUSAL_KIND, pos=PER_LAYER), {"mtp": {"depths": 1}},
+        rf"mtp cannot be used with pos={PER_LAYER}: its score terms are learned per layer of the stack, and the "
+        rf"prediction modules' blocks are not among those layers; choose pos=(?P<pos>{OR}), or set mtp=none$"),
 }
+RULE = {rule.__name__: rule for rule in RULES}
 
 
-@pytest.mark.parametrize("rule", RULES, ids=[rule.__name__ for rule in RULES])
-def test_each_rule_refuses_naming_the_fields_and_a_fix_that_works(rule):
-    assert set(REFUSED) == {r.__name__ for r in RULES}, "REFUSED holds one refused combination per rule"
-    refused, fields, message = REFUSED[rule.__name__]
+def test_every_rule_has_a_refused_case():
+    assert {rule for rule, *_ in REFUSED.values()} == set(RULE), "REFUSED holds a refused combination per rule"
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_each_rule_refuses_naming_the_fields_and_a_fix_that_works(case):
+    rule, refused, plugins, message = REFUSED[case]
     with pytest.raises(ValueError, match=message) as error:
-        config(refused, **fields).validate()
+        config(refused, plugins).validate()
     with pytest.raises(ValueError, match=message):  # this rule itself, called on the classes
-        rule(choices(refused, **fields))
+        RULE[rule](choices(refused, plugins))
     fixes = re.search(message, str(error.value)).groupdict()
     assert fixes
     for axis, options in fixes.items():
         for option in options.split(" or "):  # each option the message offers is accepted
             fixed = tuple({**named(refused), axis: option}.values())
-            config(fixed, **fields).validate()
+            config(fixed, plugins).validate()

@@ -25,11 +25,14 @@ from archsweep.core.train.lifecycle.checks import build_task, check_training, mo
 from archsweep.core.train.monitoring.loggers import LogRun, finish_wandb, make_loggers
 from archsweep.core.train.monitoring.metrics_csv import MetricsCSV
 from archsweep.core.train.optimisers.optim import make_optimizer, make_scheduler
-from archsweep.variants.model import IMAGE, form_of, kinds_of
+from archsweep.variants.model import CAUSAL, IMAGE, form_of, kinds_of
+from archsweep.variants.plugins import PLUGIN
+from archsweep.variants.plugins.base import CAUSAL_STACK
 from archsweep.variants.pos import POS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64"]  # any task's defaults
+PLUGINS = PLUGIN.names()  # each plug-in's group is conf/<name>/
 
 
 def options(*groups: str) -> list[str]:
@@ -58,7 +61,11 @@ def image_file(tmp_path_factory) -> str:
 
 def companions(choice: str, image_file: str, tokens: tuple[str, ...] = ()) -> list[str]:
     """What `choice` is composed with: for image input, the first image kind and an image task (`digits`, or the
-    chosen one given `image_file` where its yaml leaves the path to the user); else `tokens`."""
+    chosen one given `image_file` where its yaml leaves the path to the user); for a plug-in that needs a causal
+    stack, the first causal kind; else `tokens`."""
+    group, option = choice.split("=")
+    if group in PLUGINS and option != "none" and CAUSAL_STACK in PLUGIN.get(group).requires:
+        return [f"model={kinds_of((CAUSAL,))[0]}", *tokens]
     if not needs_images(choice):
         return list(tokens)
     group, option = choice.split("=")
@@ -75,8 +82,8 @@ def compose_train(*overrides: str):
 
 
 def test_every_group_has_options():
-    for group in ["model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger",
-                  "callbacks", "experiment"]:
+    for group in ["model", "norm", "norm_type", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer",
+                  "logger", "callbacks", "experiment", *PLUGINS]:
         assert list((CONF / group).glob("*.yaml")), group
 
 
@@ -97,15 +104,22 @@ def shards_given(choice: str, shard_folder: Path, tmp_path: Path, *more: str):
                          "task.block_size=32", "task.batch_size=2", "task.val_batches=1", "task.test_batches=1")
 
 
-@pytest.mark.parametrize("choice", options("model", "norm", "pos", "ffn", "attention", "task", "experiment"))
+@pytest.mark.parametrize("choice", options("model", "norm", "norm_type", "pos", "ffn", "attention", "task",
+                                           "experiment", *PLUGINS))
 def test_option_builds_and_runs_forward(choice, image_file, shard_folder, tmp_path):
     cfg = shards_given(choice, shard_folder, tmp_path, *companions(choice, image_file), *TINY)
     task = build_task(cfg)
     model_cfg = model_config(cfg, task)
     check_training(cfg)
     group, option = choice.split("=")
-    if group in ("norm", "pos", "ffn", "attention"):
+    if group in ("norm", "norm_type", "pos", "ffn", "attention"):
         assert model_cfg.choice(group) == option  # the yaml sets the ModelConfig field of its axis
+    if group in PLUGINS:  # the yaml sets the plug-in's options (none: leaves it out)
+        if option == "none":
+            assert group not in model_cfg.plugins
+        else:
+            expected = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
+            assert expected.items() <= model_cfg.plugins[group].items()
     if group == "model":
         assert model_cfg.kind == option
     model = build_model(model_cfg)
@@ -136,12 +150,13 @@ def test_every_attention_kind_trains_with_every_model_kind(model, attention, ima
 
 @pytest.mark.parametrize("model", options("model"))
 def test_the_attention_gate_sink_and_dyt_train_with_every_model_kind(model, image_file):
-    fields = ["model.attn_gate=headwise", "model.attn_sink=learned", "model.norm_type=dyt"]
+    fields = ["attn_gate=headwise", "attn_sink=learned", "norm_type=dyt"]
     cfg = compose_train(model, *fields, *companions(model, image_file, tokens=("task=copy",)), *TINY)
     task = build_task(cfg)
     model_cfg = model_config(cfg, task)
     check_training(cfg)
-    assert (model_cfg.attn_gate, model_cfg.attn_sink, model_cfg.norm_type) == ("headwise", "learned", "dyt")
+    assert model_cfg.plugins == {"attn_gate": {"per": "head"}, "attn_sink": {"learned": True}}
+    assert model_cfg.choice("norm_type") == "dyt"
     net = build_model(model_cfg)
     batch = next(iter(task.dataloader("train", model_cfg.kind, seed=0)))
     logits = task.forward_fn(model_cfg.kind)(net, batch)
