@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from archsweep.core.data.codec import codec_from_state
 from archsweep.core.data.tokenizer import BpeTokenizer
 from archsweep.core.eval.export import export, main
 from archsweep.core.model.build import ModelConfig, build_model
+from archsweep.variants.plugins import PLUGIN
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -87,7 +89,8 @@ def test_export_writes_tokenizer_with_special_tokens(tmp_path):
 @pytest.mark.parametrize("fields, named", [
     ({**LLAMA, "norm": "post", "pos": "alibi"}, ["norm=post", "pos=alibi"]),
     ({**LLAMA, "attention": "performer"}, ["attention=performer"]),
-    ({**GPT2, "scale_embedding": True, "qk_norm": "rmsnorm"}, ["scale_embedding=true", "qk_norm=rmsnorm"]),
+    ({**GPT2, "scale_embedding": True, "plugins": {"qk_norm": {"type": "rmsnorm"}}},
+     ["scale_embedding=true", "qk_norm (type=rmsnorm: no Hugging Face equivalent; set qk_norm=none)"]),
 ])
 def test_configuration_without_equivalent_is_refused_naming_each_option(tmp_path, fields, named):
     run, _ = save_run(tmp_path, fields)
@@ -97,6 +100,31 @@ def test_configuration_without_equivalent_is_refused_naming_each_option(tmp_path
     for option in named:
         assert option in str(info.value)
     assert not out.exists()
+
+
+def first_option(name: str) -> dict:
+    """The options of the first yaml of the plug-in's group conf/<name>/ that turns it on."""
+    import yaml
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / name
+    return next(yaml.safe_load(p.read_text()) for p in sorted(conf.glob("*.yaml")) if p.stem != "none")
+
+
+@pytest.mark.parametrize("name", PLUGIN.names())
+def test_each_plugin_is_exported_only_where_it_declares_an_equivalent(tmp_path, name):
+    """A plug-in without a Hugging Face equivalent (`hf`: None) is refused, naming it and its options; one whose
+    equivalent is none (training only) is dropped: the exported logits are the run's."""
+    run, model = save_run(tmp_path, {**LLAMA, "plugins": {name: first_option(name)}})
+    out = tmp_path / "hf"
+    if PLUGIN.get(name).hf is None:
+        with pytest.raises(ValueError, match=rf"{name} \([^)]*: no Hugging Face equivalent; set {name}=none\)"):
+            export(run, out)
+        assert not out.exists()
+        return
+    export(run, out)
+    tokens = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(hf_logits(out, tokens), model(tokens), atol=1e-5, rtol=1e-5)
 
 
 def test_encoder_only_checkpoint_is_refused(tmp_path):
@@ -172,7 +200,7 @@ def test_import_keeps_the_runs_weight_free_options_and_refuses_a_clash(tmp_path)
     cfg = ModelConfig.from_dict(fields)
     rope = cfg.options("pos")
     assert (rope["base"], rope["scaling"], rope["factor"]) == (500.0, "ntk", 4.0)  # base: the folder's
-    assert (cfg.d_model, cfg.kv_heads, cfg.norm_type, cfg.dropout) == (32, 2, "rmsnorm", 0.2)
+    assert (cfg.d_model, cfg.kv_heads, cfg.choice("norm_type"), cfg.dropout) == (32, 2, "rmsnorm", 0.2)
     with pytest.raises(ValueError, match=r"contradict.*n_layers=6 \(the folder's config.json: 2\).*pos=alibi"):
         import_fields({**composed, "pos": "alibi"}, layout.model_fields(hf), {"n_layers", "pos"})
 

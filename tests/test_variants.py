@@ -11,11 +11,11 @@ from torch import nn
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters
 from archsweep.variants.ffn import FFN
 from archsweep.variants.ffn.base import GatedFeedForward, gated_hidden_size
-from archsweep.variants.norm.base import make_norm
 from archsweep.variants.norm.deepnorm import DeepNorm, deepnorm_constants
 from archsweep.variants.norm.post import PostNorm
 from archsweep.variants.norm.pre import PreNorm
 from archsweep.variants.norm.sandwich import SandwichNorm
+from archsweep.variants.norm_type import build_norm
 from archsweep.variants.pos.alibi import ALiBi, alibi_slopes
 from archsweep.variants.pos.learned import LearnedPosition
 from archsweep.variants.pos.relative import RelativeBias, relative_bucket
@@ -120,7 +120,7 @@ def test_norm_placements_follow_their_formulas():
 
 def test_rmsnorm_has_no_centering():
     x = torch.randn(4, 8) + 3.0
-    norm = make_norm("rmsnorm", 8, 1e-6)
+    norm = build_norm("rmsnorm", 8, 1e-6, True)
     expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(norm(x), expected)
 
