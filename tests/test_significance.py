@@ -381,7 +381,7 @@ def test_train_refuses_a_tuned_key_the_config_lacks():
     cfg = composed("compare.tune=[optim.lrr]")
     with pytest.raises(ValueError, match=r"compare.tune names optim.lrr, which this config does not have"):
         rules.check_rules(cfg, build_task(cfg))
-    cfg = composed("compare.tune=[optim.lr,norm,model.qk_norm]")  # a value, a group, a key set to null
+    cfg = composed("compare.tune=[optim.lr,norm,model.plugins.qk_norm]")  # a value, a group, a key set to null
     rules.check_rules(cfg, build_task(cfg))
 
 
