@@ -76,7 +76,8 @@ def test_norm_placement_grid_is_placements_by_warmup_by_a_tuned_learning_rate():
 def test_stability_preset_is_qk_norm_by_logit_softcap_tuned_up_to_the_unstable_rates():
     cfg = compose_train("experiment=stability", hydra=True)
     grid = sweep_values(cfg.hydra.sweeper.params)
-    assert grid["model.qk_norm"] == ["null", "layernorm"] and grid["model.logit_softcap"] == ["null", "30.0"]
+    assert grid["qk_norm"] == ["none", "layernorm"] and grid["logit_softcap"] == ["none", "gemma2"]
+    assert compose_train("logit_softcap=gemma2").model.plugins.logit_softcap.cap == 30.0  # Gemma 2's cap
     assert cfg.model.norm._target_.endswith("PreNorm") and cfg.model.kind == "decoder_only"
     assert max(map(float, grid["optim.lr"])) >= 0.08 and list(cfg.compare.tune) == ["optim.lr"]  # reaches the unstable
     assert cfg.diagnostics.spike_factor < 2.0  # spikes counted at a character LM's scale

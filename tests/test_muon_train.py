@@ -84,8 +84,9 @@ def test_muon_resume_matches_an_uninterrupted_run(tmp_path):
     assert results(rest)["val"] == results(full)["val"]
 
 
-@pytest.mark.parametrize("options", [dict(norm="parallel"), dict(value_residual="learnable"),
-                                     dict(norm={"name": "parallel", "shared_norm": False}, value_residual="fixed")])
+@pytest.mark.parametrize("options", [dict(norm="parallel"), dict(plugins={"value_residual": {"learnable": True}}),
+                                     dict(norm={"name": "parallel", "shared_norm": False},
+                                          plugins={"value_residual": {"learnable": False}})])
 def test_compiled_model_equals_eager(options):
     torch.manual_seed(0)
     model = build_model(ModelConfig(kind="decoder_only", vocab_size=17, d_model=32, n_heads=4, n_layers=2, d_ff=64,
