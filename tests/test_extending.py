@@ -182,7 +182,8 @@ class ScoreTemperature(AttentionPlugin):
             raise ValueError(f"score_temperature: start={options['start']} must be positive")
 
     def score_mod(self, scores: Tensor) -> Tensor:
-        return scores * torch.exp(-self.log_t).view(1, -1, 1, 1)  # (B, H, Tq, Tk)
+        # (B, H, ..., Tq, Tk): heads on dim 1 (a sliding window's blocks add a dim)
+        return scores * torch.exp(-self.log_t).view(1, -1, *[1] * (scores.dim() - 2))
 
     def roles(self) -> dict[str, str]:
         return {"log_t": "vector"}
@@ -199,10 +200,9 @@ class ScaleNorm(nn.Module):
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
-        if not sizes["norm_bias"]:
-            return
-        raise ValueError("norm_type=scalenorm has no bias, so model.norm_bias=true would be ignored; set "
-                         "model.norm_bias=false")
+        if sizes["norm_eps"] > 0.01:
+            raise ValueError(f"norm_type=scalenorm divides by the norm clamped at norm_eps, so "
+                             f"norm_eps={sizes['norm_eps']} would clamp real norms; set model.norm_eps=1e-5")
 
     def forward(self, x: Tensor) -> Tensor:
         return self.g * x / x.norm(dim=-1, keepdim=True).clamp(min=self.eps)
@@ -247,7 +247,7 @@ def test_help_lists_the_new_option_and_norm_type(options):
 
 def test_the_new_option_and_norm_type_train_and_come_back_from_the_checkpoint(options, tmp_path):
     run_dir = tmp_path / "run"
-    out = run(options, *LLAMA_LIKE, "+score_temperature=learned", "norm_type=scalenorm", "model.norm_bias=false",
+    out = run(options, *LLAMA_LIKE, "+score_temperature=learned", "norm_type=scalenorm",
               "experiment=smoke", "trainer.max_steps=6", "trainer.val_check_interval=3", "logger=csv",
               "eval.decode_samples=0", f"hydra.run.dir={run_dir}", f"output_root={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -274,10 +274,11 @@ def test_the_new_option_is_refused_where_it_cannot_apply(options, tmp_path):
     assert out.returncode != 0
     assert ("score_temperature needs the score matrix Q K^T, which attention=linear never forms; set "
             "score_temperature=none or choose attention=") in out.stderr
-    out = run(options, "model=decoder_only", "norm_type=scalenorm", "logger=csv", f"output_root={tmp_path}")
+    out = run(options, "model=decoder_only", "norm_type=scalenorm", "model.norm_eps=0.5", "logger=csv",
+              f"output_root={tmp_path}")
     assert out.returncode != 0
-    assert "norm_type=scalenorm has no bias, so model.norm_bias=true would be ignored; set model.norm_bias=false" \
-        in out.stderr
+    assert "norm_type=scalenorm divides by the norm clamped at norm_eps, so norm_eps=0.5 would clamp real norms; " \
+           "set model.norm_eps=1e-5" in out.stderr
     assert not list(tmp_path.glob("**/checkpoints"))
 
 
@@ -290,7 +291,7 @@ def test_export_refuses_the_new_option_and_norm_type_naming_them(options, tmp_pa
                      norm_type="rmsnorm", pos="rotary", ffn="swiglu", bias=False, scale_embedding=False)
         print(layout_for(ModelConfig(**llama).validate()).architecture)
         for change in ({"plugins": {"score_temperature": {}}},
-                       {"norm_type": "scalenorm", "norm_bias": False}):
+                       {"norm_type": "scalenorm"}):
             try:
                 layout_for(ModelConfig(**{**llama, **change}).validate())
             except ValueError as e:
@@ -318,7 +319,7 @@ def test_the_all_pairs_model_test_meets_the_new_option_and_norm_type(options):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     collected = [line for line in out.stdout.splitlines() if "::" in line]
     assert any("score_temperature=learned" in line for line in collected), out.stdout[-2000:]
-    assert any("norm_type=scalenorm" in line for line in collected), out.stdout[-2000:]
+    assert any("-scalenorm-" in line for line in collected), out.stdout[-2000:]  # an axis option: shown bare
     ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                           str(ROOT / "tests" / "test_model_product.py"), "-k", "score_temperature or scalenorm"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

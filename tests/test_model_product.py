@@ -8,7 +8,9 @@ plug-ins' rule once per capability a plug-in requires), with a message naming th
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -25,18 +27,38 @@ from archsweep.variants.pos.base import PositionalEncoding
 from archsweep.variants.rules import RULES, Choices, check_rules
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+# more config folders, as train.py reads them ($ARCHSWEEP_CONFIG_PATH): a user's variants and plug-ins join the test
+EXTRA = [Path(f) for f in os.environ.get("ARCHSWEEP_CONFIG_PATH", "").split(os.pathsep) if f]
+
+
+def yamls(group: str) -> dict[str, Path]:
+    """The options of a group, conf/ and the extra folders together (conf/ wins a name in both)."""
+    return {p.stem: p for folder in reversed([CONF, *EXTRA]) for p in sorted((folder / group).glob("*.yaml"))}
+
+
+def plugin_groups(folder: Path) -> list[str]:
+    """The groups of a config folder whose options are plug-ins (`# @package model.plugins...`)."""
+    return sorted(d.name for d in folder.iterdir() if d.is_dir() and any(
+        p.read_text().startswith("# @package model.plugins") for p in d.glob("*.yaml")))
+
+
+for _path in (p for folder in EXTRA for p in folder.rglob("*.yaml")):  # register the extra folders' classes
+    _target = (yaml.safe_load(_path.read_text()) or {}).get("_target_")
+    if _target:
+        importlib.import_module(_target.rpartition(".")[0])
+
 GROUPS = {"kind": "model", "norm": "norm", "norm_type": "norm_type", "pos": "pos", "ffn": "ffn",
           "attention": "attention"}  # field: conf group
-AXIS_OPTIONS = {axis: sorted(p.stem for p in (CONF / group).glob("*.yaml")) for axis, group in GROUPS.items()}
-# plug-ins: the options of their groups (`none`: off, the default)
-FIELDS = {name: sorted(p.stem for p in (CONF / name).glob("*.yaml")) for name in ("attn_gate", "attn_sink")}
+AXIS_OPTIONS = {axis: sorted(yamls(group)) for axis, group in GROUPS.items()}
+# plug-ins: the options of their groups (`none`: off, the default; a group from an extra folder gets it too)
+FIELDS = {name: sorted({*yamls(name), "none"}) for name in ("attn_gate", "attn_sink",
+                                                             *(g for f in EXTRA for g in plugin_groups(f)))}
 OPTIONS = {**AXIS_OPTIONS, **FIELDS}
 REGISTRIES = {"kind": KIND, **AXES}
 FIELD_DEFAULTS = ("none",) * len(FIELDS)
 # the plug-in's options each yaml conf/<name>/<option>.yaml sets; None for `none` (off)
-PLUGIN_OPTIONS = {name: {option: None if option == "none" else yaml.safe_load((CONF / name / f"{option}.yaml")
-                                                                             .read_text()) for option in options}
-                  for name, options in FIELDS.items()}
+PLUGIN_OPTIONS = {name: {option: None if option == "none" else yaml.safe_load(yamls(name)[option].read_text())
+                         for option in options} for name, options in FIELDS.items()}
 # options small enough to act on a 7-token input: a window that excludes keys, a global layer in the pattern
 ATTENTION_OPTIONS = {"sliding_window": {"window": 3, "layer_pattern": "LG"}, "performer": {"n_features": 8},
                      "linear": {"chunk_size": 4}}
@@ -166,7 +188,13 @@ def run(model, kind, x, mask):
     return out, loss
 
 
-@pytest.mark.parametrize("combination", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
+def label(combination: Combination) -> str:
+    """A combination's test id: the axes' options, then each plug-in that is on as name=option."""
+    return "-".join(o if a not in FIELDS else f"{a}={o}" for a, o in named(combination).items()
+                    if a not in FIELDS or o != "none")
+
+
+@pytest.mark.parametrize("combination", COMBINATIONS, ids=[label(c) for c in COMBINATIONS])
 def test_combination_trains(combination):
     torch.manual_seed(0)
     kind = combination[0]

@@ -170,11 +170,12 @@ def test_old_flat_fields_become_plugins():
 
 def test_old_command_line_spellings_are_read_as_todays_and_say_so():
     new, notes = upgrade_overrides(["model.attn_gate=headwise", "model.logit_softcap=30", "model.qk_norm=null",
-                                    "model.mtp=2", "model.d_model=64", "-m", "model.attn_sink=none,learned"])
+                                    "model.mtp=2", "model.d_model=64", "-m", "model.attn_sink=none,learned",
+                                    "model.attn_softcap=null,50"])
     assert new == ["attn_gate=headwise", "logit_softcap=gemma2", "model.plugins.logit_softcap.cap=30", "qk_norm=none",
                    "mtp=deepseek_v3", "model.plugins.mtp.depths=2", "model.d_model=64", "-m",
-                   "model.attn_sink=none,learned"]
-    assert notes[0] == "model.attn_gate=headwise is now attn_gate=headwise" and len(notes) == 4
+                   "attn_sink=none,learned", "model.attn_softcap=null,50"]  # a sweep of numbers is left alone
+    assert notes[0] == "model.attn_gate=headwise is now attn_gate=headwise" and len(notes) == 5
 
 
 def option_families() -> dict[str, set[str]]:

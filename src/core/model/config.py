@@ -277,7 +277,7 @@ def _defaults(registry: Registry, name: str) -> dict[str, Any]:
 
 @dataclass
 class DecodingConfig:
-    """How to decode; also the schema of the `decoding` config group (archsweep.core.train.schemas), so a value
+    """How to decode; also the schema of the `decoding` config group (archsweep.core.train.config.schemas), so a value
     of the wrong type is refused when the config is composed and the rules below run when it becomes this class."""
 
     strategy: str = "greedy"  # greedy | beam | sample

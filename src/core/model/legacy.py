@@ -169,16 +169,20 @@ NUMERIC = {"attn_softcap": ("gemma2", "cap"), "logit_softcap": ("gemma2", "cap")
 def upgrade_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     """Command-line overrides with the old spellings of plug-ins (`model.attn_gate=headwise`, `model.mtp=2`) as
     today's (`attn_gate=headwise`, `mtp=deepseek_v3 model.plugins.mtp.depths=2`), and a note for each naming what
-    it became. Sweeps of an old spelling are left alone (the composition check then names the setting)."""
+    it became. A sweep of an old spelling whose values name options (`model.attn_sink=none,learned`) becomes the
+    group's sweep; one of numbers (`model.logit_softcap=null,30`) is left alone (the composition check then names
+    the setting)."""
     out, notes = [], []
     flat = {f"model.{k}": k for k in (*FLAT_PLUGINS, *COMPANIONS)}
     for arg in overrides:
         key, sep, value = arg.partition("=")
         field = flat.get(key.lstrip("+"))
-        if not sep or field is None or "," in value:
+        if not sep or field is None or ("," in value and (field in NUMERIC or field in COMPANIONS)):
             out.append(arg)
             continue
-        if field in COMPANIONS:
+        if "," in value:
+            new = [f"{field}={','.join('none' if v in ('null', 'None') else v for v in value.split(','))}"]
+        elif field in COMPANIONS:
             new = [f"model.plugins.{COMPANIONS[field]}.weight={value}"]
         elif _number(value) in OFF or value in ("null", "None"):
             new = [f"{field}=none"]

@@ -2,8 +2,9 @@
 
 - `AttentionPlugin`: built once per attention layer (self-attention; cross-attention too where `cross`), its hooks
   called by the layer: `qk(q, k)` after the positional rotation, `values(v, ctx)` before attending,
-  `score_mod(scores)` on the pre-softmax scores (it makes the kernel take the explicit path), `sink()` a logit per
-  head in the softmax denominator, `output(x, y)` on the heads' outputs before the output projection.
+  `score_mod(scores)` on the pre-softmax scores, shaped (B, H, ..., Tq, Tk) with the heads on dim 1 and maybe more
+  dims before the last two (a sliding window's blocks): it makes the kernel take the explicit path; `sink()` a
+  logit per head in the softmax denominator, `output(x, y)` on the heads' outputs before the output projection.
 - `OutputPlugin`: built once per output head (the token head, a class head): `transform_logits(logits)` on every
   prediction through the head, `observe_logits(logits)` on the model's own prediction (not on the extra ones of
   multi-token prediction), e.g. to record an auxiliary loss.
