@@ -34,6 +34,7 @@ from archsweep.variants.ffn.base import FFNBase
 from archsweep.variants.flops import Shape
 from archsweep.variants.hooks import AuxLoss, collect_aux_losses
 from archsweep.variants.norm.deepnorm import deepnorm_constants
+from archsweep.variants.roles import EXPERT, HIDDEN, parameter_roles
 
 VOCAB, E = 17, 4
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +74,9 @@ class ToyExperts(FFNBase):
 
     def weight_matrices(self) -> list[nn.Parameter]:
         return [self.up, self.down]
+
+    def roles(self) -> dict[str, str]:
+        return {"up": "expert", "down": "expert"}  # stacked (E, out, in) expert matrices
 
     def active_params(self) -> int:
         return self.router.weight.numel() + (self.up.numel() + self.down.numel()) // self.up.shape[0]
@@ -189,6 +193,8 @@ def test_a_module_initialises_its_own_parameters(toy_ffn, init):
     for m in experts:
         assert torch.all(m.up == 0.25) and torch.all(m.down == -0.25)
         assert m.router.weight.std() < 0.5  # the default rule still initialises its nn.Linear
+    roles = parameter_roles(model)  # the declared roles, the router's by its type
+    assert [roles[f"decoder.blocks.0.ffn.{n}"] for n in ("up", "down", "router.weight")] == [EXPERT, EXPERT, HIDDEN]
 
 
 def test_deepnorm_scales_the_matrices_a_module_declares(toy_ffn):
