@@ -47,7 +47,7 @@ def init_weights(model: nn.Module, scheme: str, n_layers: int) -> None:
             fused(scheme)
     if scheme == "gpt2":
         std = 0.02 / math.sqrt(2 * n_layers)
-        roles = parameter_roles(model)
+        roles = parameter_roles(model, strict=False)
         for name, param in model.named_parameters():
             if roles.get(name) == HIDDEN_OUT:  # the matrices that write into the residual stream
                 nn.init.normal_(param, mean=0.0, std=std)

@@ -32,8 +32,10 @@ def default_role(module: nn.Module, name: str, param: nn.Parameter) -> str | Non
     return VECTOR if param.ndim < 2 else None
 
 
-def parameter_roles(model: nn.Module) -> dict[str, str]:
-    """{parameter name: role} for every parameter of `model` (a shared one once, under its first name)."""
+def parameter_roles(model: nn.Module, strict: bool = True) -> dict[str, str | None]:
+    """{parameter name: role} for every parameter of `model` (a shared one once, under its first name). `strict`:
+    a parameter without a role is refused by name; otherwise its role is None (initialisation asks only which
+    matrices write into the residual stream, so a variant that declares nothing still builds)."""
     first: dict[int, str] = {}
     for name, param in model.named_parameters():
         first.setdefault(id(param), name)
@@ -51,7 +53,7 @@ def parameter_roles(model: nn.Module) -> dict[str, str]:
                                  f"{', '.join(ROLES)}")
             roles[id(module.get_parameter(name))] = role
     missing = [first[i] for i, role in roles.items() if role is None]
-    if missing:
+    if missing and strict:
         raise ValueError(f"no role for {', '.join(missing)}: the modules that own them must declare one with "
                          f"roles() ({', '.join(ROLES)}); see archsweep.variants.roles")
     return {first[i]: role for i, role in roles.items() if i in first}
