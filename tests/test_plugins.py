@@ -5,6 +5,7 @@ leaves unmapped), no option name listed outside its registry, and the old spelli
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -127,20 +128,27 @@ def test_a_training_only_plugin_exports():
     assert layout_for(cfg).architecture == "LlamaForCausalLM"
 
 
-@pytest.mark.parametrize("fields", [LLAMA, GPT2], ids=["llama", "gpt2"])
+VIT = dict(kind="vit", vocab_size=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=17, image_size=[4, 4],
+           patch_size=2, in_channels=3, n_classes=3, norm="pre", pos="learned", ffn="gelu")
+
+
+@pytest.mark.parametrize("fields", [LLAMA, GPT2, VIT], ids=["llama", "gpt2", "vit"])
 def test_a_weight_the_layout_does_not_map_is_refused_naming_the_key(fields):
     torch.manual_seed(0)
     model = build_model(ModelConfig(**fields))
     state = dict(model.state_dict())
     layout = layout_for(model.config)
     assert len(to_hf(layout, model.config, state)) > 0  # the model as built maps completely
-    model.decoder.blocks[1].self_attn.register_parameter("temperature", nn.Parameter(torch.ones(4)))
-    with pytest.raises(ValueError, match=rf"{layout.architecture} has no place for decoder\.blocks\.1\.self_attn\."
-                                         r"temperature \(of the module decoder\.blocks\.1\.self_attn\)"):
+    where, attention = [(n, m) for n, m in model.named_modules() if n.endswith("blocks.1.self_attn")][0]
+    attention.register_parameter("temperature", nn.Parameter(torch.ones(4)))
+    key = re.escape(f"{where}.temperature")
+    with pytest.raises(ValueError, match=rf"{layout.architecture} has no place for {key} \(of the module "
+                                         rf"{re.escape(where)}\)"):
         to_hf(layout, model.config, dict(model.state_dict()))
-    plugged = {**state, "decoder.blocks.0.self_attn.plugins.my_gate.gate_proj.weight": torch.ones(2, 2)}
-    with pytest.raises(ValueError, match=r"no place for decoder\.blocks\.0\.self_attn\.plugins\.my_gate\.gate_proj\."
-                                         r"weight \(of the option my_gate\)"):
+    stack = where.split(".")[0]
+    plugged = {**state, f"{stack}.blocks.0.self_attn.plugins.my_gate.gate_proj.weight": torch.ones(2, 2)}
+    with pytest.raises(ValueError, match=rf"no place for {stack}\.blocks\.0\.self_attn\.plugins\.my_gate\."
+                                         r"gate_proj\.weight \(of the option my_gate\)"):
         to_hf(layout, model.config, plugged)
 
 
