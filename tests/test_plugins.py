@@ -314,3 +314,26 @@ def test_a_parameter_nobody_gave_a_role_is_refused_by_name():
     with pytest.raises(ValueError, match=r"no role for decoder\.blocks\.0\.self_attn\.table: the modules that own "
                                          r"them must declare one with roles\(\)"):
         parameter_roles(model)
+
+
+def test_a_new_kind_of_hook_needs_no_edit_to_the_lightning_module(monkeypatch):
+    """A module hook at a training event is one more name in `hooks.EVENTS`: the LightningModule calls the event."""
+    from archsweep.core.train.lit import LitModel
+    from archsweep.variants import hooks
+
+    class Counting(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def after_batch(self) -> None:
+            self.calls += 1
+
+    model = build_model(ModelConfig(**LLAMA))
+    counter = Counting()
+    model.decoder.blocks[0].add_module("counter", counter)
+    monkeypatch.setitem(hooks.EVENTS, "train_batch_end", ("after_batch",))
+    lit = LitModel(model, lambda m, b: m(b["tokens"]), {}, {}, 0.0, 0, {})
+    lit.on_train_batch_end(None, {}, 0)
+    lit.on_train_batch_end(None, {}, 1)
+    assert counter.calls == 2

@@ -93,6 +93,24 @@ def collect_diagnostics(model: nn.Module) -> dict[str, Tensor]:
     return found
 
 
+# The training events at which the LightningModule calls module hooks that take no argument, and which hooks:
+# a new kind of such hook is one more name here (and the method on a module), with no edit to the LightningModule.
+EVENTS: dict[str, tuple[str, ...]] = {
+    "before_optimizer_step": ("step_update",),  # after every backward of a step, before the optimiser's step
+    "train_batch_end": (),  # after the optimiser's step (or a micro-batch of gradient accumulation)
+    "validation_epoch_end": (),  # after each validation
+}
+
+
+def call_event(model: nn.Module, event: str) -> None:
+    """Every module's hooks of `event` (`EVENTS`), in module order."""
+    for name in EVENTS[event]:
+        for module in model.modules():
+            hook = getattr(module, name, None)
+            if callable(hook):
+                hook()
+
+
 def step_updates(model: nn.Module) -> None:
     """Every module's `step_update()`."""
     for module in model.modules():

@@ -31,7 +31,7 @@ from archsweep.core.eval.metrics import LengthTable, SplitMetrics, by_length, ro
 from archsweep.core.model.legacy import reorder_optimizer_state
 from archsweep.core.train.launch.shard import shard_model
 from archsweep.core.train.optimisers.optim import make_optimizer, make_scheduler
-from archsweep.variants.hooks import collect_aux_losses, collect_diagnostics, step_updates
+from archsweep.variants.hooks import call_event, collect_aux_losses, collect_diagnostics
 
 
 def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
@@ -108,15 +108,19 @@ class LitModel(L.LightningModule):
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
             for name, value in collect_diagnostics(self.model).items():  # the modules' own figures of this step
                 self.log(f"diag/{name}", value, on_step=True, on_epoch=False)
-        step_updates(self.model)  # after every backward of the step (hooks.py)
+        call_event(self.model, "before_optimizer_step")  # step_update, after every backward (hooks.py)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         logits = self(batch)
         self.val_metrics.update(row_stats(logits, batch["labels"]), batch["labels"])
         return logits  # for callbacks' on_validation_batch_end (metrics of their own; not kept by Lightning)
 
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
+        call_event(self.model, "train_batch_end")
+
     def on_validation_epoch_end(self) -> None:
         self._log_split("val", self.val_metrics)
+        call_event(self.model, "validation_epoch_end")
 
     def on_test_epoch_start(self) -> None:
         self.test_lengths = {split: LengthTable(self.longest_input).to(self.device) for split in self.test_splits}
