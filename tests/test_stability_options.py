@@ -117,7 +117,7 @@ def test_z_loss_is_the_mean_squared_log_normaliser_over_labelled_tokens():
 
 @pytest.mark.parametrize("options,match", [
     (dict(plugins={"qk_norm": {"type": "batchnorm"}}),
-     "'batchnorm' is not a known option; valid options: dyt, layernorm, rmsnorm"),
+     "qk_norm: type='batchnorm' is not a known norm type .*valid options: dyt, layernorm, rmsnorm"),
     (dict(plugins={"attn_softcap": {"cap": 0.0}}), "attn_softcap: cap=0.0 must be positive"),
     (dict(plugins={"logit_softcap": {"cap": -1.0}}), "logit_softcap: cap=-1.0 must be positive"),
     (dict(plugins={"z_loss": {"weight": -1e-4}}), "z_loss: weight=-0.0001 must be >= 0"),

@@ -63,9 +63,10 @@ class MultiTokenPrediction(ModelPlugin):
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
-        if options["depths"] < 1 or options["weight"] < 0:
-            raise ValueError(f"mtp: depths={options['depths']} must be >= 1 and weight={options['weight']} >= 0 "
-                             f"(DeepSeek-V3: depths 1, weight 0.3, then 0.1); mtp=none turns it off")
+        if options["depths"] < 1:
+            raise ValueError(f"mtp: depths={options['depths']} must be >= 1 (DeepSeek-V3: 1); mtp=none turns it off")
+        if options["weight"] < 0:
+            raise ValueError(f"mtp: weight={options['weight']} must be >= 0 (DeepSeek-V3: 0.3, then 0.1)")
 
     @classmethod
     def check_choices(cls, choices: Any) -> None:

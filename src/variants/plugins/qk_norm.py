@@ -27,7 +27,10 @@ class QKNorm(AttentionPlugin):
 
     @classmethod
     def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
-        NORM_TYPE.resolve(options["type"])  # an unknown norm type names the valid ones
+        try:
+            NORM_TYPE.resolve(options["type"])
+        except ValueError as e:
+            raise ValueError(f"qk_norm: type={options['type']!r} is not a known norm type ({e})") from None
 
     def qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return self.q_norm(q), self.k_norm(k)
