@@ -19,6 +19,8 @@ from wandb_reader import read_run
 from archsweep.core.data.tasks import IGNORE_INDEX
 from archsweep.core.data.tasks.synthetic import ReverseTask
 from archsweep.core.model.checkpoint import atomic_save, load_model
+from archsweep.core.model.config import AXES
+from archsweep.variants.plugins import PLUGIN
 
 pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +35,8 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "flops_per_token", "total_flops", "mfu", "peak_flops", "peak_source", "peak_age_s", "mfu_estimate",
                "task_family", "interrupted", "compare", "budget", "budgets", "version", "active_params"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
-GROUPS = {"model", "norm", "pos", "ffn", "attention", "task", "optim", "schedule", "trainer", "logger", "decoding",
-          "callbacks",
+# train.yaml's groups: the axes (norm, norm_type, pos, ffn, attention), each built-in plug-in's, the rest
+GROUPS = {"model", *AXES, *PLUGIN.names(), "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",
           "experiment", "hparams_search"}
 
 
