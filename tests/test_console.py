@@ -113,23 +113,59 @@ def test_classification_summary_shows_accuracy():
     assert "test accuracy 0.9500" in line and "top-5" in line and "exact match" not in line
 
 
-def test_each_task_has_its_family():
-    from archsweep.core.data.tasks.digits import DigitsTask
-    from archsweep.core.data.tasks.is_sorted import IsSortedTask
-    from archsweep.core.data.tasks.synthetic import ReverseTask
-
-    assert family(ReverseTask(n_symbols=8, min_len=2, max_len=6, batch_size=4, val_batches=1, test_batches=1,
-                              eval_seed=0)) == "synthetic"
-    assert family(IsSortedTask.__new__(IsSortedTask)) == "classification"
-    assert family(DigitsTask.__new__(DigitsTask)) == "classification"
+# What each family's summary must name, and what it must not (a language model's exact match says nothing).
+SHOWN = {"lm": (("test loss", "test perplexity", "test bits per byte", "val perplexity"), ("exact match",)),
+         "translation": (("val BLEU", "test perplexity"), ("exact match",)),
+         "classification": (("test accuracy", "val accuracy"), ("exact match", "perplexity")),
+         "synthetic": (("test exact match", "test token accuracy"), ("perplexity", "bits per byte"))}
 
 
-def test_text_and_translation_tasks_are_lm_and_translation():
-    from archsweep.core.data.tasks.text import TextTask
-    from archsweep.core.data.tasks.translation import TranslationTask
+def task_classes() -> dict[str, type]:
+    """{conf/task option: the class its `_target_` names}: every task a user can choose."""
+    import importlib
 
-    assert family(TextTask.__new__(TextTask)) == "lm"
-    assert family(TranslationTask.__new__(TranslationTask)) == "translation"
+    from omegaconf import OmegaConf
+
+    classes = {}
+    for path in sorted((ROOT / "conf" / "task").glob("*.yaml")):
+        module, _, name = OmegaConf.load(path)["_target_"].rpartition(".")
+        classes[path.stem] = getattr(importlib.import_module(module), name)
+    return classes
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (ROOT / "conf" / "task").glob("*.yaml")))
+def test_every_task_declares_its_family_and_its_summary_shows_that_familys_metrics(option):
+    """By what the task declares, not by its class: `tokens` (a TokensTask, no TextTask) is a language model."""
+    from archsweep.core.train.monitoring.summary import summary_line
+
+    cls = task_classes()[option]
+    task = cls.__new__(cls)  # the declaration is the class's: no data needed to read it
+    results = {"val": {"loss": 1.5, "ppl": 4.48, "bpb": 1.2, "acc": 0.6, "exact_match": 0.25, "bleu": 12.0,
+                       "decoded_exact_match": 0.2},
+               "test": {"loss": 1.6, "ppl": 4.95, "bpb": 1.3, "acc": 0.55, "exact_match": 0.2},
+               "wall_time_s": 10.0, "tokens_per_s": 1000.0}
+    line = summary_line(task, results, "results.json")
+    shown, hidden = SHOWN[family(task)]
+    assert all(name in line for name in shown), (option, line)
+    assert not any(name in line for name in hidden), (option, line)
+    expected = {"tokens": "lm", "text": "lm", "shakespeare_char": "lm", "translation": "translation",
+                "multi30k": "translation", "digits": "classification", "images": "classification",
+                "is_sorted": "classification"}.get(option, "synthetic")
+    assert family(task) == expected
+    assert line.endswith("images/s; results in results.json") == (expected == "classification" and
+                                                                  option != "is_sorted")
+
+
+def test_a_task_without_a_family_or_with_an_unknown_one_is_refused_by_name():
+    from archsweep.core.data.tasks.base import Task
+
+    class Undeclared(Task):
+        pass
+
+    with pytest.raises(ValueError, match="Undeclared declares no family"):
+        family(Undeclared())
+    with pytest.raises(TypeError, match="Misnamed declares family='language_model'"):
+        type("Misnamed", (Task,), {"family": "language_model"})
 
 
 def test_short_runs_validate_several_times_ending_at_the_last_step():

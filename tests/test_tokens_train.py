@@ -5,6 +5,7 @@ encoder-decoder kinds, a run stopped by SIGTERM and resumed that takes the batch
 from __future__ import annotations
 
 import json
+import math
 import signal
 
 import pytest
@@ -38,6 +39,46 @@ def test_both_samplings_train_the_decoder_only_and_the_encoder_decoder(tmp_path,
     for j in jobs:
         assert j["status"] == "completed" and j["steps"] == 4, j.get("error")
         assert 0 < j["val"]["loss"] < 10 and j["test"]["loss"] > 0
+
+
+def words_corpus(path, n_docs: int = 240, seed: int = 0):
+    """Paragraphs of words drawn at random (a few with accents, so a BPE token can hold part of a character)."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["the", "king", "queen", "speaks", "of", "war", "and", "peace", "café", "naïve", "élan", "to", "night"]
+    path.write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(8, 40)))
+                                 for _ in range(n_docs)) + "\n")
+    return path
+
+
+def test_a_tokens_run_reports_a_language_models_loss_perplexity_and_bits_per_byte_everywhere(tmp_path):
+    """results.json, the console's summary and compare.py's row: the metrics of a language model (the task
+    declares its family), not exact match."""
+    from archsweep.core.data import prepare
+    from archsweep.core.report import compare, terminal
+
+    shards = tmp_path / "shards"
+    prepare.prepare([str(words_corpus(tmp_path / "words.txt")), "--out", str(shards), "--train-tokenizer", "300",
+                     "--val-docs", "40", "--test-docs", "40", "--split-docs", "paragraph", "--workers", "1"])
+    run_dir = tmp_path / "run"
+    code, out = train(tmp_path, "model=decoder_only", "task=tokens", f"task.path={shards}",
+                      f"task.cache_dir={tmp_path / 'cache'}", *TINY, "trainer.max_steps=4",
+                      f"hydra.run.dir={run_dir}")
+    assert code == 0, out[-3000:]
+    job = results(run_dir)
+    assert job["task_family"] == "lm"
+    for split in ("val", "test"):
+        assert {"loss", "ppl", "bpb"} <= set(job[split]), job[split]
+        assert job[split]["ppl"] == pytest.approx(math.exp(job[split]["loss"]), rel=1e-4)
+    summary = next(line for line in out.splitlines() if "done in" in line)
+    for shown in ("test loss", "test perplexity", "test bits per byte", "val perplexity", "val bits per byte"):
+        assert shown in summary, summary
+    assert "exact match" not in summary and "steps to target" not in out
+    table = terminal(compare([run_dir]))
+    header = next(line for line in table.splitlines() if line.startswith("best"))
+    assert all(column in header for column in ("val/ppl", "val/bpb", "test/ppl", "test/bpb")), table
+    assert "exact_match" not in table and "never" not in table, table
 
 
 def test_document_masking_trains_the_decoder_and_is_refused_for_the_encoder_decoder_before_training(tmp_path,

@@ -19,7 +19,6 @@ from torch import nn
 from archsweep.core.data.codec import Codec, codec_from_state, codec_state_for
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.data.tasks.known import check_task_target
-from archsweep.core.data.tasks.text import TextTask
 from archsweep.core.eval.evaluation import IGNORE_INDEX, DecodeResults, decode_batch, decode_sample, strip
 from archsweep.core.eval.generation import DecodingConfig, generate
 from archsweep.core.eval.metrics import LengthTable, SplitMetrics, length_buckets, row_stats
@@ -233,7 +232,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
                               "decoding": OmegaConf.to_container(cfg.decoding), "splits": {}, "by_length": []}
     setting = setting_name(OmegaConf.to_container(cfg.decoding, resolve=True), cfg.decode_limit)
     report["setting"] = setting
-    language_model = isinstance(task, TextTask)
+    language_model = task.family == "lm"
     for split in splits:
         start = time.time()
         print(f"evaluating {split} ...", flush=True)

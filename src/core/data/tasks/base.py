@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 SPLITS = ("train", "val", "test")
+# What a task's runs report (the console summary, results.json's task_family, compare.py's default columns):
+# lm: loss, perplexity, bits per byte; translation: BLEU and perplexity; classification: accuracy; synthetic:
+# exact match and token accuracy. A task declares its family; nothing infers it from the task's class.
+FAMILIES = ("lm", "translation", "classification", "synthetic")
 IGNORE_INDEX = -100  # label value ignored by the loss and the metrics
 
 
@@ -41,6 +45,15 @@ class Task:
     sep_id: int = 3
     batch_size: int = 1
     test_splits: tuple[str, ...] = ("test",)  # evaluated after training, each reported as `<split>/...` metrics
+    family: str  # one of FAMILIES: which metrics the task's runs report
+    rate_unit: str = "tok/s"  # what the throughput counts
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("family")
+        if declared is not None and declared not in FAMILIES:
+            raise TypeError(f"task class {cls.__name__} declares family={declared!r}; choose one of "
+                            f"{', '.join(FAMILIES)}")
 
     def max_input_len(self, kind: str) -> int:
         """Longest sequence a model of `kind` receives from this task (source or target, or packed)."""

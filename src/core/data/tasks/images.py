@@ -58,6 +58,8 @@ class ImageTask(Task):
 
     name = "images"
     forms = (IMAGE,)
+    family = "classification"
+    rate_unit = "images/s"
     test_splits = ("test",)
     x: np.ndarray
     y: np.ndarray

@@ -26,6 +26,7 @@ def forward_classify(model: nn.Module, batch: dict[str, Any]) -> Tensor:
 class IsSortedTask(SyntheticTask):
     name = "is_sorted"
     forms = FORMS
+    family = "classification"
     aligned = True  # served by encoder_only, as a classifier
     n_classes = 2
 

@@ -32,6 +32,7 @@ class SyntheticTask(Task):
     a subclass says what the target is (`target`) or draws whole examples itself (`examples`)."""
 
     name = "synthetic"
+    family = "synthetic"
     first_symbol = 4
     aligned = False  # target = one token per source position: encoder_only can tag the source
     test_splits = ("test", "test_long")

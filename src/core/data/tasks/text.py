@@ -49,6 +49,7 @@ def positive(**values: Any) -> None:
 
 class TextTask(Task):
     name = "text"
+    family = "lm"
     pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
 
     def __init__(self, path: str, data_dir: str | None, tokenizer: str, bpe_vocab_size: int, block_size: int,

@@ -40,6 +40,7 @@ GET_SHARDS = ("Make shards with `archsweep-prepare <text, JSONL or Parquet files
 class TokensTask(Task):
     name = "tokens"
     forms = (CAUSAL, SOURCE_TARGET)
+    family = "lm"
     sep_id = -1
 
     def __init__(self, path: str | None, block_size: int, batch_size: int, val_batches: int, test_batches: int,

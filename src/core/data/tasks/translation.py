@@ -39,6 +39,7 @@ def as_files(value: Any, split: str, data_dir: str | None) -> list[Path]:
 class TranslationTask(Task):
     name = "translation"
     forms = (SOURCE_TARGET, CAUSAL)
+    family = "translation"
 
     def __init__(self, train: Any, val: Any, test: Any, data_dir: str | None, vocab: str, bpe_vocab_size: int,
                  max_len: int, batch_size: int, bucket_pool: int = 50, cache_dir: str | None = None,

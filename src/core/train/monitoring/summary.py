@@ -13,18 +13,15 @@ from typing import Any
 
 
 def family(task: Any) -> str:
-    """"lm", "translation", "classification" or "synthetic": which metrics the summary shows."""
-    from archsweep.core.data.tasks.images import ImageTask
-    from archsweep.core.data.tasks.text import TextTask
-    from archsweep.core.data.tasks.translation import TranslationTask
+    """"lm", "translation", "classification" or "synthetic": the metrics the summary shows, as the task declares
+    (`Task.family`)."""
+    from archsweep.core.data.tasks.base import FAMILIES
 
-    if isinstance(task, TextTask):
-        return "lm"
-    if isinstance(task, TranslationTask):
-        return "translation"
-    if isinstance(task, ImageTask) or getattr(task, "n_classes", None):  # digits, images, is_sorted
-        return "classification"
-    return "synthetic"
+    declared = getattr(task, "family", None)
+    if declared not in FAMILIES:
+        raise ValueError(f"task {type(task).__name__} declares no family (family={declared!r}): set the class "
+                         f"attribute family to one of {', '.join(FAMILIES)}")
+    return declared
 
 
 def validation_keys(task: Any) -> tuple[str, ...]:
@@ -67,10 +64,7 @@ def metric_parts(kind: str, val: dict[str, float], test: dict[str, float]) -> li
 
 def summary_line(task: Any, results: dict[str, Any], results_path: Any) -> str:
     parts = metric_parts(family(task), results.get("val") or {}, results.get("test") or {})
-    rate = results.get("tokens_per_s") or 0.0
-    from archsweep.core.data.tasks.images import ImageTask
-
-    unit = "images/s" if isinstance(task, ImageTask) else "tok/s"
+    rate, unit = results.get("tokens_per_s") or 0.0, getattr(task, "rate_unit", "tok/s")
     return (f"done in {results['wall_time_s']:.0f} s{time_parts(results)}: {', '.join(parts)}, {rate:,.0f} {unit}; "
             f"results in {results_path}")
 
