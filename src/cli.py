@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,15 @@ EXAMPLES = {"ckpt": "ckpt=outputs/runs/<run>/checkpoints/best.ckpt, or the run d
 
 def config_folders() -> list[Path]:
     return [Path(CONF), *(Path(f) for f in os.environ.get(EXTRA_CONF_ENV, "").split(os.pathsep) if f)]
+
+
+def group_options(group: str) -> str:
+    """`${group_options:decoding}` in a --help template (conf/hydra/help/): the group's options, your folders' too."""
+    return ", ".join(sorted({p.stem for folder in config_folders() for p in (folder / group).glob("*.yaml")}))
+
+
+if not OmegaConf.has_resolver("group_options"):
+    OmegaConf.register_new_resolver("group_options", group_options)
 
 
 def known_top_keys(config_name: str) -> set[str]:
@@ -225,6 +235,19 @@ def train(start_time: float | None = None) -> None:
     old_spellings()  # a resumed run's saved overrides may be older
     refuse_uncomposable("train")
     _train()
+    stopped_after_the_last_job()
+
+
+def stopped_after_the_last_job() -> None:
+    """A stop signal that arrived after the last job had recorded its results still ends the process as stopped
+    (128 + its number): a scheduler must not read success from a job it asked to stop."""
+    from archsweep.core.train.lifecycle.stops import STOPS
+
+    signum = STOPS.take()
+    if signum is not None:
+        print(f"stopped by {signal.Signals(signum).name} after the last job had finished (its results are complete)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
 
 
 def old_spellings() -> None:

@@ -30,6 +30,20 @@ def run(script: str, *args: str, check: bool = True) -> subprocess.CompletedProc
     return out
 
 
+@pytest.mark.parametrize("script", ["evaluate.py", "generate.py"])
+def test_help_shows_the_scripts_own_usage_and_only_its_group(script):
+    """--help starts with the script's usage line (not Hydra's list of train.py's groups), names its console
+    script, gives an example, and lists the one group it composes, decoding (conf/hydra/help/<script>.yaml)."""
+    out = run(script, "--help")
+    first = out.stdout.splitlines()[0]
+    assert first.startswith(f"Usage: python {script} ckpt=<checkpoint or run dir>"), out.stdout[:500]
+    assert f"archsweep-{script.removesuffix('.py')}" in first
+    assert f"    python {script} ckpt=outputs/runs/<run>" in out.stdout
+    options = sorted(p.stem for p in (ROOT / "conf" / "decoding").glob("*.yaml"))
+    assert f"\ndecoding: {', '.join(options)}\n" in out.stdout
+    assert "\nnorm:" not in out.stdout and "powered by Hydra" not in out.stdout
+
+
 @pytest.fixture(scope="module", params=["encoder_decoder", "decoder_only"])
 def run_dir(request, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp(request.param)
