@@ -21,6 +21,7 @@ from torch import nn
 
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.variants.norm.deepnorm import deepnorm_constants
+from tests.parity import assert_parity
 
 
 def import_torchscale():
@@ -113,11 +114,12 @@ def test_deepnorm_matches_torchscale_outputs_and_gradients(n_layers, n_decoder_l
     src, tgt = torch.randint(0, V, (3, 7)), torch.randint(0, V, (3, 5))
     logits = model(src, tgt, None, None)  # (B, T, V)
     ref_logits, _ = ref(src, tgt)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    assert_parity(logits, ref_logits)  # torchscale's softmax runs in float32: ~1e-7 relative apart
     weights = torch.randn_like(logits)
     (logits * weights).sum().backward()
     (ref_logits * weights).sum().backward()
     mine = dict(model.named_parameters())
+    largest = max(p.grad.abs().max().item() for p in ref.parameters() if p.grad is not None)
     for name, param in ref.named_parameters():
         if name == "decoder.output_projection.weight":
             continue
@@ -127,7 +129,10 @@ def test_deepnorm_matches_torchscale_outputs_and_gradients(n_layers, n_decoder_l
             parts = ("q_proj", "k_proj", "v_proj") if "qkv_proj" in source else ("k_proj", "v_proj")
             j = parts.index(name.split(".")[-2])
             grad = grad[j * D:(j + 1) * D]
-        torch.testing.assert_close(grad, param.grad, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        if name.endswith("k_proj.bias"):  # zero exactly: a key bias adds the same q.b to every score of a row
+            assert max(grad.abs().max().item(), param.grad.abs().max().item()) < 1e-6 * largest, name
+            continue
+        assert_parity(grad, param.grad, msg=lambda m, n=name: f"{n}: {m}")  # each relative to its own size
 
 
 def xavier_std(fan_in: int, fan_out: int) -> float:

@@ -23,9 +23,10 @@ from archsweep.variants.ffn.swiglu import SwiGLU
 from archsweep.variants.flops import Shape
 from archsweep.variants.hooks import collect_diagnostics, step_updates
 from tests.cache_check import assert_cached_decoding_equals_full_forward
+from tests.parity import assert_parity
 
 ROOT = Path(__file__).resolve().parents[1]
-TOL = dict(rtol=1e-5, atol=1e-6)  # float32 against the references (docs/options.md)
+TOL = dict(rtol=1e-5, atol=1e-6)  # float32, compiled against eager (docs/options.md)
 
 
 def moe(**options) -> MoE:
@@ -38,23 +39,38 @@ def tokens(n: int = 40, d: int = 32) -> torch.Tensor:
     return torch.randn(2, n // 2, d, generator=torch.Generator().manual_seed(3))
 
 
-def test_matches_mixtral_sparse_block():
+def order_one(layer: MoE) -> MoE:
+    """The experts redrawn at std fan_in^-1/2: at the init's std 0.02 the routed outputs are ~1e-3, and a parity
+    check beside them means little (tests/parity.py)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for matrix in layer.experts.weight_matrices():
+            matrix.copy_(torch.randn(matrix.shape, generator=g) / matrix.shape[-1] ** 0.5)
+    return layer.eval()
+
+
+def mixtral_pair() -> tuple[MoE, torch.nn.Module]:
+    """Our layer and Hugging Face's Mixtral block holding the same weights."""
     transformers = pytest.importorskip("transformers")
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     config = transformers.MixtralConfig(hidden_size=32, intermediate_size=24, num_local_experts=4,
                                         num_experts_per_tok=2, hidden_act="silu", router_jitter_noise=0.0)
-    ours = moe(expert_d_ff=24)
+    ours = order_one(moe(expert_d_ff=24))
     ref = MixtralSparseMoeBlock(config).eval()
     with torch.no_grad():
         ref.gate.weight.copy_(ours.router.weight)
         ref.experts.gate_up_proj.copy_(torch.cat([ours.experts.gate_proj, ours.experts.up_proj], 1))
         ref.experts.down_proj.copy_(ours.experts.down_proj)
-        x = tokens()
-        torch.testing.assert_close(ours.eval()(x), ref(x), **TOL)
+    return ours, ref
 
 
-def test_matches_deepseek_v3_moe_with_shared_experts_and_the_correction_bias():
+def deepseek_v3_options() -> dict:
+    return dict(n_experts=8, n_shared=2, expert_d_ff=16, score="sigmoid", route_scale=2.5)
+
+
+def deepseek_v3_pair() -> tuple[MoE, torch.nn.Module]:
+    """Our layer (shared experts, the correction bias set) and Hugging Face's DeepSeek-V3 block, the same weights."""
     transformers = pytest.importorskip("transformers")
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 
@@ -62,20 +78,52 @@ def test_matches_deepseek_v3_moe_with_shared_experts_and_the_correction_bias():
                                            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
                                            n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
                                            hidden_act="silu")
-    ours = moe(n_experts=8, n_shared=2, expert_d_ff=16, score="sigmoid", route_scale=2.5)
+    ours = order_one(moe(**deepseek_v3_options()))
     ref = DeepseekV3MoE(config).eval()
     with torch.no_grad():
-        ours.route_bias.copy_(torch.randn(8) * 0.1)  # changes which experts are picked, not their weights
+        ours.route_bias.copy_(torch.randn(8, generator=torch.Generator().manual_seed(2)) * 0.1)
         ref.gate.weight.copy_(ours.router.weight)
         ref.gate.e_score_correction_bias.copy_(ours.route_bias)
         ref.experts.gate_up_proj.copy_(torch.cat([ours.experts.gate_proj, ours.experts.up_proj], 1))
         ref.experts.down_proj.copy_(ours.experts.down_proj)
         for name in ("gate_proj", "up_proj", "down_proj"):
             getattr(ref.shared_experts, name).weight.copy_(getattr(ours.shared, name).weight)
-        x = tokens()
-        torch.testing.assert_close(ours.eval()(x), ref(x), **TOL)
-        unbiased = moe(n_experts=8, n_shared=2, expert_d_ff=16, score="sigmoid", route_scale=2.5).eval()
-        assert not torch.allclose(unbiased(x), ours(x))  # the bias did change the selection
+    return ours, ref
+
+
+REFERENCES = {"mixtral": mixtral_pair, "deepseek_v3": deepseek_v3_pair}
+
+
+def test_matches_mixtral_sparse_block():
+    ours, ref = mixtral_pair()
+    x = tokens()
+    with torch.no_grad():
+        assert_parity(ours(x), ref(x))
+
+
+def test_matches_deepseek_v3_moe_with_shared_experts_and_the_correction_bias():
+    ours, ref = deepseek_v3_pair()
+    x = tokens()
+    with torch.no_grad():
+        assert_parity(ours(x), ref(x))
+        unbiased = order_one(moe(**deepseek_v3_options()))
+        assert not torch.allclose(unbiased(x), ours(x))  # the bias (changes which experts are picked) did
+
+
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_one_expert_off_by_a_thousandth_fails_the_comparison(reference):
+    """The parity checks above can see a 0.1% error in any one expert: each expert's down_proj in the reference
+    scaled by 1.001 in turn, the same comparison fails."""
+    ours, ref = REFERENCES[reference]()
+    x = tokens()
+    with torch.no_grad():
+        assert_parity(ours(x), ref(x))
+        for expert in range(ours.n_experts):
+            ref.experts.down_proj[expert] *= 1.001
+            with pytest.raises(AssertionError, match="not close"):
+                assert_parity(ours(x), ref(x))
+            ref.experts.down_proj[expert] /= 1.001
+            assert_parity(ours(x), ref(x))
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -139,11 +139,13 @@ def test_yarn_interpolates_slow_frequencies_keeps_fast_ones_and_scales_attention
     yarn = yarn_frequencies(inv_freq, factor, length, beta_fast=32.0, beta_slow=1.0, ramp="paper")
     fast, slow = turns > 32, turns < 1
     assert fast.any() and slow.any() and (~fast & ~slow).any()
-    torch.testing.assert_close(yarn[fast], inv_freq[fast])
-    torch.testing.assert_close(yarn[slow], inv_freq[slow] / factor)
+    exact = dict(rtol=1e-12, atol=0)  # float64 frequencies down to 2e-5: relative, not float64's atol of 1e-7
+    torch.testing.assert_close(yarn[fast], inv_freq[fast], **exact)
+    torch.testing.assert_close(yarn[slow], inv_freq[slow] / factor, **exact)
     middle = ~fast & ~slow
     gamma = (turns[middle] - 1) / 31
-    torch.testing.assert_close(yarn[middle], (1 - gamma) * inv_freq[middle] / factor + gamma * inv_freq[middle])
+    torch.testing.assert_close(yarn[middle], (1 - gamma) * inv_freq[middle] / factor + gamma * inv_freq[middle],
+                               **exact)
     rope = Rotary(head_dim, scaling="yarn", factor=factor, original_length=length)
     q = torch.randn(1, 1, 3, head_dim)
     rq, _ = rope.rotate_qk(q, q, torch.arange(3)[None])
