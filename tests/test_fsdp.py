@@ -21,6 +21,7 @@ from test_train_e2e import train_losses
 
 from archsweep.core.model.build import ModelConfig, build_model
 from archsweep.core.train.launch.shard import shard_model
+from archsweep.core.train.monitoring.diagnostic_callbacks import group_grad_norms
 
 pytestmark = pytest.mark.slow  # processes: mp.spawn and train.py subprocesses
 
@@ -62,32 +63,52 @@ def sharded_worker(rank: int, port: int, out: dict) -> None:
         batch = inputs(kind, torch.Generator().manual_seed(rank))  # each process its own half of the batch
         model(*batch).float().square().mean().backward()
         grads = {name: p.grad.full_tensor() for name, p in model.named_parameters() if p.grad is not None}
-        if rank == 0:
-            out[kind] = (blocks, {k: v.clone() for k, v in grads.items()})
+        norms = {group: float(norm) for group, norm in group_grad_norms(model).items()}  # from each rank's shards
+        out[kind, rank] = (blocks, {k: v.clone() for k, v in grads.items()} if rank == 0 else {}, norms)
     dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def sharded_grads() -> dict:
-    """kind -> (blocks sharded, full gradients) of each kind sharded over two processes (one spawn for all)."""
+    """kind -> (blocks sharded, full gradients, [each rank's per-block gradient norms]) of each kind sharded over two
+    processes (one spawn for all)."""
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(sharded_worker, args=(free_port(), out), nprocs=2, join=True)
-        return {kind: (blocks, dict(grads)) for kind, (blocks, grads) in out.items()}
+        return {kind: (out[kind, 0][0], dict(out[kind, 0][1]), [dict(out[kind, r][2]) for r in range(2)])
+                for kind in KINDS}
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_every_kind_sharded_per_block_has_the_unsharded_gradients(kind, sharded_grads):
-    blocks, grads = sharded_grads[kind]
+def unsharded(kind: str) -> torch.nn.Module:
+    """The model of `kind` in one process after the backward of the mean loss over both processes' batches."""
     model = model_of(kind)
     halves = [inputs(kind, torch.Generator().manual_seed(rank)) for rank in range(2)]
     loss = sum(model(*half).float().square().mean() for half in halves) / 2  # the mean the processes reduce to
     loss.backward()
+    return model
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_sharded_per_block_has_the_unsharded_gradients(kind, sharded_grads):
+    blocks, grads, _ = sharded_grads[kind]
+    model = unsharded(kind)
     assert blocks == 2 * (2 if kind == "encoder_decoder" else 1)
     expected = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     assert grads.keys() == expected.keys()
     for name, grad in expected.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_per_block_gradient_norms_from_the_shards_equal_the_unsharded_norms(kind, sharded_grads):
+    """The diagnostics' per-block gradient norms (diag/grad_norm/...) under fully_shard: each rank sums the squares
+    of its own shards, one all-reduce adds the ranks' sums; every rank gets the one-process model's norms."""
+    _, _, norms = sharded_grads[kind]
+    expected = {group: float(norm) for group, norm in group_grad_norms(unsharded(kind)).items()}
+    assert len(expected) >= 3  # the embeddings and each of the blocks
+    for rank_norms in norms:
+        assert list(rank_norms) == list(expected)  # the same groups, in model order
+        assert rank_norms == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
 """Lightning callbacks of the training diagnostics (settings and metric keys: `train.config.diagnostics`).
 
-- `LayerNorms`: every `every_n_steps` steps, the gradient L2 norm of each block before clipping (Lightning's
-  per-parameter `grad_norm`, combined per block) and the mean per-token L2 norm of the residual stream after the
-  embedding and each block (forward hooks that exist only during that step's forward). Nothing on other steps.
+- `LayerNorms`: every `every_n_steps` steps, the gradient L2 norm of each block before clipping (the squares of its
+  parameters' gradients summed; under trainer=fsdp each process sums its own shard of each gradient and one
+  all-reduce adds the processes' sums before the square root) and the mean per-token L2 norm of the residual stream
+  after the embedding and each block (forward hooks that exist only during that step's forward). Nothing on other
+  steps.
 - `DivergenceMonitor`: on log steps (where the loss is read anyway) counts loss spikes and stops a diverged run.
 - `AttentionDiagnostics`: at each validation, on a fixed validation batch, attention entropy per module and a
   PNG of one example's attention maps (layers x heads per attention kind), also logged to W&B.
@@ -18,9 +20,11 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from archsweep.core.data.codec import Codec
@@ -33,7 +37,6 @@ log = logging.getLogger("train")
 
 BLOCK_PARAM = re.compile(r"^(?P<stack>.+)\.blocks\.(?P<layer>\d+)\.")
 MAP_TOKENS = 64  # attention maps show at most this many queries and keys
-GRAD_KEY = "|param|"  # between grad_norm's prefix and the parameter name (a string no parameter name holds)
 
 
 def log_now(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
@@ -55,15 +58,40 @@ def grad_group(param_name: str) -> str:
     return ".".join(param_name.split(".")[:-1][:2]) or param_name
 
 
+def grad_square(grad: Tensor) -> tuple[Tensor, DeviceMesh | None]:
+    """(sum of squares of the part of `grad` this process holds, as float32; the 1-D device mesh over which the other
+    parts are spread, or None where this process holds all of it). A gradient fully_shard made (trainer=fsdp) is a
+    DTensor split over the mesh: its local shard is summed here; one in any other layout is gathered whole."""
+    if isinstance(grad, DTensor):
+        if grad.device_mesh.ndim == 1 and all(p.is_shard() for p in grad.placements):
+            return grad.to_local().float().square().sum(), grad.device_mesh
+        grad = grad.full_tensor()
+    return grad.float().square().sum(), None
+
+
 def group_grad_norms(model: nn.Module) -> dict[str, Tensor]:
-    """{group: L2 norm of its parameters' gradients} in model order, for the parameters that have gradients:
-    Lightning's per-parameter norms (`grad_norm`) combined per block (`grad_group`); the norms stay on the device."""
-    squares: dict[str, Tensor] = {}
-    for key, norm in grad_norm(model, 2, group_separator=GRAD_KEY).items():
-        if GRAD_KEY in key:  # "grad_2.0_norm<GRAD_KEY><parameter name>"; the total has no separator
-            group = grad_group(key.split(GRAD_KEY, 1)[1])
-            squares[group] = squares.get(group, 0.0) + norm.float().square()
-    return {group: square.sqrt() for group, square in squares.items()}
+    """{group: L2 norm of its parameters' gradients} in model order, for the parameters that have gradients, grouped
+    per block (`grad_group`); the norms stay on the device. Sharded gradients: each process sums the squares of its
+    own shards per group, one all-reduce per device mesh adds the processes' sums, then the square root is taken, so
+    every process returns the norms of the whole gradients (a collective: every process must call it)."""
+    order: list[str] = []
+    whole: dict[str, Tensor] = {}  # group -> sum of squares of the gradients held whole (or already reduced)
+    shards: dict[DeviceMesh, dict[str, Tensor]] = {}  # mesh -> group -> this process's sum over its shards
+    for name, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        group = grad_group(name)
+        if group not in order:
+            order.append(group)
+        square, mesh = grad_square(param.grad)
+        sums = whole if mesh is None else shards.setdefault(mesh, {})
+        sums[group] = sums[group] + square if group in sums else square
+    for mesh, sums in shards.items():
+        total = torch.stack(list(sums.values()))
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh.get_group())
+        for group, square in zip(sums, total, strict=True):
+            whole[group] = whole[group] + square if group in whole else square
+    return {group: whole[group].sqrt() for group in order}
 
 
 def token_norm(x: Tensor, mask: Tensor | None) -> Tensor:
