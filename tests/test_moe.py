@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils import flop_counter
 
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters, flops_per_token, match_field
 from archsweep.variants.ffn.experts import groupable, grouped_linear
@@ -213,6 +214,33 @@ def test_active_parameters_and_flops_count_top_k_and_shared_experts():
     shape = Shape(2, 10)
     assert layer.flops(shape) == 20 * 2 * (8 * 32 + 2 * 3 * 32 * 32 + 3 * 32 * 32)
     assert layer.flops(shape.replace(total=True)) == 20 * 2 * (8 * 32 + 8 * 3 * 32 * 32 + 3 * 32 * 32)
+
+
+@pytest.mark.parametrize("options", [dict(top_k=2), dict(top_k=3, n_shared=2, score="sigmoid"),
+                                     dict(top_k=1, expert="relu")], ids=["top2", "top3_shared2", "relu_top1"])
+def test_flops_equal_torchs_counter_on_a_forward(options):
+    """Matrix products only, as torch's counter counts them: the router (2 D E a token), each token's top_k experts
+    (dropless in evaluation: N top_k slots, whatever the assignment, one F.linear per expert over its slots) and the
+    shared experts. Biases, activations and the routing weights are elementwise: neither side counts them."""
+    layer = moe(n_experts=4, bias=True, **options).eval()
+    x = tokens()  # (2, 20, 32)
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        layer(x)
+    assert layer.flops(Shape(2, 20)) == counter.get_total_flops()
+
+
+def test_flops_less_the_dropped_slots_equal_torchs_counter_with_a_capacity():
+    """With a capacity a training forward runs fewer slots than N top_k: `flops` counts the nominal top_k a
+    token is routed to, so the counter sees exactly the dropped slots' expert products less."""
+    layer = moe(n_experts=4, top_k=2, capacity_factor=0.5).train()
+    x = tokens()
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        layer(x)
+    chosen = (x.reshape(-1, 32) @ layer.router.weight.T).topk(2, -1).indices  # (N, k) the actual assignment
+    dropped = (torch.bincount(chosen.flatten(), minlength=4) - 10).clamp(min=0).sum().item()  # capacity 10
+    per_slot = 2 * 3 * 32 * 32  # gate, up, down of hidden round(2 x 48 / 3) = 32
+    assert dropped > 0
+    assert layer.flops(Shape(2, 20)) - dropped * per_slot == counter.get_total_flops()
 
 
 def config(**overrides) -> ModelConfig:
