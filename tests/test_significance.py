@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from scipy import stats
 from test_compare import done, write_run
 
 from archsweep.core.report import CompareError, compare, terminal, write
@@ -26,33 +25,82 @@ A = [1.02, 1.10, 0.95, 1.07, 0.99]
 B = [1.21, 1.15, 1.30, 1.18]
 
 
+def t_density(x: float, df: float) -> float:
+    """Student's t density: Gamma((df + 1) / 2) / (sqrt(df pi) Gamma(df / 2)) (1 + x^2 / df)^(-(df + 1) / 2)."""
+    return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+                    - (df + 1) / 2 * math.log1p(x * x / df))
+
+
+def t_two_sided_p(t: float, df: float, steps: int = 2000) -> float:
+    """P(|T| >= |t|) = 1 - 2 * integral from 0 to |t| of the density, by Simpson's rule (math only, no scipy)."""
+    h = abs(t) / steps
+    inner = sum((4 if i % 2 else 2) * t_density(i * h, df) for i in range(1, steps))
+    return 1 - 2 * h / 3 * (t_density(0.0, df) + inner + t_density(abs(t), df))
+
+
+def t_quantile(confidence: float, df: float) -> float:
+    """The q with P(|T| <= q) = confidence (t_{(1 + confidence) / 2, df}), by bisection on `t_two_sided_p`."""
+    low, high = 0.0, 1000.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_two_sided_p(mid, df) > 1 - confidence else (low, mid)
+    return (low + high) / 2
+
+
+def paired_by_hand(a: list[float], b: list[float]) -> tuple[float, int]:
+    """t = mean(d) / (sd(d) / sqrt(n)) of the per-seed differences d, and its n - 1 degrees of freedom."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    return statistics.fmean(d) / (statistics.stdev(d) / math.sqrt(len(d))), len(d) - 1
+
+
+def p_two_df(t: float) -> float:
+    """The two-sided p-value at 2 degrees of freedom in closed form: the t CDF there is 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 1 - abs(t) / math.sqrt(2 + t * t)
+
+
+def test_the_t_distribution_written_here_agrees_with_closed_forms_and_the_printed_table():
+    for t in (0.3, 1.0, 2.5, 6.0, 40.0):
+        assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 * math.atan(t) / math.pi, abs=1e-12)  # Cauchy
+        assert t_two_sided_p(t, 2) == pytest.approx(p_two_df(t), abs=1e-12)
+    # a printed t table (two-sided 95%, i.e. t_0.975): 12.706 (1 df), 2.776 (4), 2.447 (6), 2.365 (7), 2.228 (10),
+    # 2.042 (30); two-sided 90% at 10 df: 1.812
+    for df, table in ((1, 12.706), (4, 2.776), (6, 2.447), (7, 2.365), (10, 2.228), (30, 2.042)):
+        assert t_quantile(0.95, df) == pytest.approx(table, abs=5e-4)
+    assert t_quantile(0.90, 10) == pytest.approx(1.812, abs=5e-4)
+
+
 def test_welch_matches_the_hand_computation():
+    # by hand: means 1.026 and 1.21, sample variances 0.00363 and 0.0042; se^2 = 0.00363 / 5 + 0.0042 / 4 = 0.001776
     va, vb = statistics.variance(A) / len(A), statistics.variance(B) / len(B)
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (len(A) - 1) + vb**2 / (len(B) - 1))  # Welch-Satterthwaite
     diff = statistics.fmean(A) - statistics.fmean(B)
-    half = stats.t.ppf(0.975, df) * se
+    t = diff / se
+    # 0.001776^2 / (0.000726^2 / 4 + 0.00105^2 / 3) = 6.3176 df; t = -0.184 / 0.042143 = -4.3661
+    assert (diff, se, df, t) == pytest.approx((-0.184, 0.0421426, 6.31759, -4.36613), rel=1e-5)
+    half = t_quantile(0.95, df) * se  # t_0.975 at 6.32 df: 2.4174, between the table's 2.447 (6) and 2.365 (7)
     got = welch(A, B)
     assert got.diff == pytest.approx(diff)
-    assert got.p == pytest.approx(2 * stats.t.sf(abs(diff / se), df))
-    assert (got.low, got.high) == (pytest.approx(diff - half), pytest.approx(diff + half))
+    assert got.p == pytest.approx(t_two_sided_p(t, df), rel=1e-6)  # 0.0041958
+    assert got.p == pytest.approx(0.0041958, rel=1e-4)
+    assert (got.low, got.high) == (pytest.approx(diff - half, rel=1e-6), pytest.approx(diff + half, rel=1e-6))
     assert welch(A, B, 0.9).high - welch(A, B, 0.9).low < got.high - got.low  # a narrower interval at 90%
-    ref = stats.ttest_ind(A, B, equal_var=False)  # and scipy's own result object agrees
-    assert got.p == pytest.approx(ref.pvalue) and (got.low, got.high) == pytest.approx(tuple(ref.confidence_interval()))
 
 
 def test_paired_matches_the_hand_computation():
     b = [1.05, 1.16, 0.97, 1.12, 1.00]  # the same seeds as A: each a little worse
-    d = [x - y for x, y in zip(A, b, strict=True)]
-    se = statistics.stdev(d) / math.sqrt(len(d))
-    half = stats.t.ppf(0.975, len(d) - 1) * se
+    d = [x - y for x, y in zip(A, b, strict=True)]  # -0.03, -0.06, -0.02, -0.05, -0.01: mean -0.034
+    se = statistics.stdev(d) / math.sqrt(len(d))  # sqrt(0.00172 / 4) / sqrt(5) = 0.0092736
+    t = statistics.fmean(d) / se  # -3.6663 at 4 df
+    assert (se, t) == pytest.approx((0.00927362, -3.66631), rel=1e-5)
+    half = 2.776445 * se  # t_0.975 at 4 df (the table's 2.776; this test's t_quantile gives 2.776445)
     got = paired(A, b)
     assert got.diff == pytest.approx(statistics.fmean(d))
-    assert got.p == pytest.approx(2 * stats.t.sf(abs(statistics.fmean(d) / se), len(d) - 1))
-    assert (got.low, got.high) == (pytest.approx(statistics.fmean(d) - half), pytest.approx(statistics.fmean(d) + half))
+    assert got.p == pytest.approx(t_two_sided_p(t, 4), rel=1e-6)  # 0.021461: between 0.02 (t=3.747) and 0.05
+    assert 0.02 < got.p < 0.05  # the table's t_0.99 = 3.747 and t_0.975 = 2.776 at 4 df bracket |t| = 3.666
+    assert (got.low, got.high) == (pytest.approx(statistics.fmean(d) - half, rel=1e-6),
+                                   pytest.approx(statistics.fmean(d) + half, rel=1e-6))
     assert got.p < welch(A, b).p  # pairing removes the seed-to-seed spread
-    ref = stats.ttest_rel(A, b)
-    assert got.p == pytest.approx(ref.pvalue) and (got.low, got.high) == pytest.approx(tuple(ref.confidence_interval()))
 
 
 def test_holm_by_hand():
@@ -69,10 +117,9 @@ def test_power_minimum_detectable_effect_and_seeds_needed():
     assert power(1.0, math.sqrt(2 / 16), 30, 0.05) < 0.8 <= power(1.0, math.sqrt(2 / 17), 32, 0.05)
     mde = min_detectable(0.3, 5, 5, 0.05, False)
     assert power(mde, 0.3 * math.sqrt(2 / 5), 8, 0.05) == pytest.approx(0.8, abs=1e-6)
-    # many seeds: the normal approximation (z_0.975 + z_0.8) * se
+    # many seeds: the normal approximation (z_0.975 + z_0.8) * se, from the normal table: 1.95996 + 0.84162
     se = 0.3 * math.sqrt(2 / 400)
-    assert min_detectable(0.3, 400, 400, 0.05, False) == pytest.approx(
-        (stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * se, rel=0.01)
+    assert min_detectable(0.3, 400, 400, 0.05, False) == pytest.approx((1.95996 + 0.84162) * se, rel=0.01)
     assert min_detectable(0.3, 3, 3, 0.05, True) > 0 and seeds_needed(0.1, 0.0, 0.05, False) == 2
 
 
@@ -197,13 +244,18 @@ def test_significance_against_the_baseline_welch_or_paired_with_holm_and_a_verdi
     s = two_cells(tmp_path, pre, post, post_seeds=[5, 6, 7])  # other seeds: Welch
     report = compare([s], baseline="norm=pre", detect=0.05)
     test = by_label(report)["norm=post"].test
-    ref = stats.ttest_ind(post, pre, equal_var=False)
-    assert not test.paired and test.p == pytest.approx(ref.pvalue) and test.p_holm == pytest.approx(ref.pvalue)
+    # by hand: variances 4.333e-4 (post) and 4e-4 (pre), se = sqrt((4.333e-4 + 4e-4) / 3) = 0.016667, t = 0.20667 /
+    # 0.016667 = 12.4 at (2.7778e-4)^2 / ((1.4444e-4)^2 / 2 + (1.3333e-4)^2 / 2) = 3.9936 df: p = 0.00024542
+    assert t_two_sided_p(12.4, 3.9936102) == pytest.approx(0.00024542, rel=1e-4)
+    assert not test.paired and test.p == pytest.approx(t_two_sided_p(12.4, 3.9936102), rel=1e-5)
+    assert test.p_holm == test.p  # one comparison: Holm multiplies by 1
     assert test.diff == pytest.approx(statistics.fmean(post) - statistics.fmean(pre))
     assert test.verdict == "worse" and test.seeds_needed >= 2 and test.mde > 0
     paired_report = compare([two_cells(tmp_path / "p", pre, post)], baseline="norm=pre")
     test = by_label(paired_report)["norm=post"].test
-    assert test.paired and test.p == pytest.approx(stats.ttest_rel(post, pre).pvalue)
+    t, df = paired_by_hand(post, pre)  # differences 0.20, 0.21, 0.21: t = 0.20667 / (0.0057735 / sqrt(3)) = 62
+    assert (t, df) == (pytest.approx(62.0), 2)
+    assert test.paired and test.p == pytest.approx(p_two_df(62.0), rel=1e-9)  # 1 - 62 / sqrt(3846) = 2.6004e-4
     higher = compare([s], baseline="norm=post", sort="val/loss")  # pre has the lower loss: better
     assert by_label(higher)["norm=pre"].test.verdict == "better"
     close = compare([two_cells(tmp_path / "c", pre, [1.01, 0.99, 1.03])], baseline="norm=pre")
@@ -218,9 +270,13 @@ def test_holm_runs_across_the_cells_of_the_table(tmp_path):
             write_run(s / f"{norm}{seed}", [f"norm={norm}", f"seed={seed}"], done(loss, 0.5, 0.5, seed=seed))
     report = compare([s], baseline="norm=pre")
     tests = [by_label(report)[f"norm={n}"].test for n in ("post", "sandwich")]
-    raw = [stats.ttest_rel(losses[n], losses["pre"]).pvalue for n in ("post", "sandwich")]
-    assert [t.p for t in tests] == pytest.approx(raw)
-    assert [t.p_holm for t in tests] == pytest.approx(holm(raw))
+    # paired by hand, 2 df: post - pre = 0.05, 0.07, 0.04, t = 6.0474, p = 1 - t / sqrt(2 + t^2) = 0.026271;
+    # sandwich - pre = 0.03, -0.02, 0.10, t = 1.0536, p = 0.40256
+    assert [paired_by_hand(losses[n], losses["pre"])[0] for n in ("post", "sandwich")] == pytest.approx(
+        [6.047432, 1.053609], rel=1e-6)
+    assert [t.p for t in tests] == pytest.approx([0.0262710, 0.4025620], rel=1e-5)
+    # Holm with m = 2: the smaller 0.026271 x 2 = 0.052542; the larger 0.40256 x 1 = 0.40256 (above 0.052542)
+    assert [t.p_holm for t in tests] == pytest.approx([0.0525420, 0.4025620], rel=1e-5)
     assert "Holm-adjusted across 2 comparisons" in terminal(report)
 
 
@@ -331,8 +387,10 @@ def test_a_baseline_that_leaves_keys_open_is_matched_on_them(tmp_path):
     cells = by_label(report)
     assert report.significance.label == "norm=pre at each cell's own model.n_layers"
     shallow, deep = cells["norm=post model.n_layers=2"].test, cells["norm=post model.n_layers=6"].test
-    assert shallow.p == pytest.approx(stats.ttest_rel(losses["post", 2], losses["pre", 2]).pvalue)
-    assert deep.p == pytest.approx(stats.ttest_rel(losses["post", 6], losses["pre", 6]).pvalue)
+    # paired by hand, 2 df: differences 0.01, 0.02, 0.005 give t = sqrt(7), p = 1 - sqrt(7) / 3 = 0.118083;
+    # differences 1.0, 1.08, 1.06 give t = 43.544, p = 5.2699e-4: each against pre-norm at its own depth
+    assert shallow.p == pytest.approx(1 - math.sqrt(7) / 3, rel=1e-6)
+    assert deep.p == pytest.approx(p_two_df(43.543965), rel=1e-6) and deep.p == pytest.approx(5.2699e-4, rel=1e-4)
     assert deep.diff == pytest.approx(statistics.fmean(losses["post", 6]) - statistics.fmean(losses["pre", 6]))
     assert cells["norm=post model.n_layers=12"].test.short == "no baseline"
     assert cells["norm=pre model.n_layers=2"].test is None and cells["norm=pre model.n_layers=6"].test is None
