@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from archsweep.core.train.monitoring.console import ConsoleFormatter, DropNoise, job_prefix, set_job
+from archsweep.core.train.monitoring.console import ConsoleFormatter, DropNoise, OneVoice, job_prefix, set_job
 from archsweep.core.train.monitoring.summary import family, metric_parts
 from archsweep.core.train.runs.sweep import format_table
 
@@ -76,6 +76,35 @@ def test_library_noise_is_dropped():
     assert not keep.filter(record("`Trainer.fit` stopped: `max_steps=20` reached."))
     assert keep.filter(record("`Trainer.fit` stopped: `max_epochs=1` reached."))  # fewer steps than asked for
     assert keep.filter(record("GPU available: False, used: False"))
+
+
+def test_other_ranks_print_only_their_errors_naming_the_rank(monkeypatch):
+    from lightning.pytorch.utilities import rank_zero_only
+
+    voice, formatter = OneVoice(), ConsoleFormatter()
+    step, error = record("step 90/400 | loss 1.0"), record("RuntimeError: gloo broke", logging.ERROR)
+    warning = record("schedule.warmup_steps=200 exceeds trainer.max_steps=12", logging.WARNING)
+    assert voice.filter(step) and voice.filter(warning) and voice.filter(error)  # rank 0: every line
+    assert formatter.format(error).split(" ", 1)[1] == "error: RuntimeError: gloo broke"
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # what Lightning's strategy sets in the process of rank 1
+    assert not voice.filter(step) and not voice.filter(warning)
+    assert voice.filter(error)
+    assert formatter.format(error).split(" ", 1)[1] == "[rank 1] error: RuntimeError: gloo broke"
+    try:
+        set_job(job_prefix(2, "norm=pre"))
+        assert formatter.format(error).split(" ", 1)[1] == "[job 2 norm=pre] [rank 1] error: RuntimeError: gloo broke"
+    finally:
+        set_job(None)
+
+
+def test_lightnings_sync_dist_advice_stays_off_the_console():
+    """A captured warning (logging.captureWarnings: the text is an argument of the record)."""
+    advice = ("lightning/pytorch/trainer/connectors/logger_connector/result.py:433: It is recommended to use "
+              "`self.log('val/loss', ..., sync_dist=True)` when logging on epoch level in distributed setting to "
+              "accumulate the metric across devices.\n")
+    captured = logging.LogRecord("py.warnings", logging.WARNING, __file__, 1, "%s", (advice,), None)
+    assert not OneVoice().filter(captured)
+    assert DropNoise().filter(captured)  # kept for the log file
 
 
 # the summary per task family, from the metrics results.json holds

@@ -1,5 +1,6 @@
 """The Lightning side of a run's fit: the task's data module, the Trainer made from the `trainer` group, and the
-data-parallel details around it (the collectives' time-out and its error in our terms, a sweep job's DDP workers).
+data-parallel details around it (the collectives' time-out and its error in our terms, a sweep job's DDP workers, an
+error of a rank other than 0 named on the console).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.train.config.rules import FSDP_STRATEGY, data_parallel, processes
 from archsweep.core.train.launch.shard import sharded_strategy
+from archsweep.core.train.lifecycle.interrupts import Interrupted
 from archsweep.core.train.monitoring.callbacks import AtomicCheckpointIO
 from archsweep.core.train.runs.runinfo import RunInfo
 
@@ -80,8 +82,20 @@ def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_
         log.info(f"trainer.max_steps={args['max_steps']} is below trainer.val_check_interval="
                  f"{args['val_check_interval']}: validating every {every} steps instead")
     args["val_check_interval"] = every * accumulate
-    return L.Trainer(**args, logger=loggers, callbacks=callbacks, plugins=[AtomicCheckpointIO()],
+    return L.Trainer(**args, logger=loggers, callbacks=[*callbacks, RankError()], plugins=[AtomicCheckpointIO()],
                      default_root_dir=str(run_dir))
+
+
+class RankError(L.Callback):
+    """An error that stops a rank other than 0 is named on the console at once, in one line (`[rank N] error: <type>:
+    <message>`, monitoring/console.py): rank 0, finding the rank gone, may end the process before it prints its
+    traceback. Rank 0's own traceback needs no such line (rank 0 is the console's voice); a stop by a signal is no
+    error."""
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if trainer.global_rank == 0 or not isinstance(exception, Exception) or isinstance(exception, Interrupted):
+            return  # rank 0's traceback follows; KeyboardInterrupt and Lightning's SIGTERMException are no Exception
+        log.error(f"{type(exception).__name__}: {exception}")
 
 
 class CollectiveTimeout(RuntimeError):
