@@ -77,3 +77,13 @@ def own_cache_dir(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("ARCHSWEEP_CACHE_DIR", None)
     else:
         os.environ["ARCHSWEEP_CACHE_DIR"] = before
+
+
+@pytest.fixture(autouse=True)
+def no_stop_signal_carried_over():
+    """A test that signals a handler in this process (StopOnSignal, HeldSignals) leaves the process's noted stop
+    (`stops.STOPS`) behind; the next test's run would take it for its own and stop before it started."""
+    from archsweep.core.train.lifecycle.stops import STOPS
+
+    yield
+    STOPS.take()

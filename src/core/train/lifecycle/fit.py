@@ -42,6 +42,7 @@ from archsweep.core.train.lifecycle.branches import (
     stable_points,
 )
 from archsweep.core.train.lifecycle.interrupts import Interrupted, StopOnSignal, caught_stops, interrupted_results
+from archsweep.core.train.lifecycle.stops import STOPS
 from archsweep.core.train.lifecycle.trainer import (
     TaskData,
     explain_collective_timeout,
@@ -312,17 +313,21 @@ def fit_and_evaluate(cfg: DictConfig, setup: Setup, run: Fitting, run_dir: Path)
         trainer.fit(run.lit, datamodule=run.data, ckpt_path=str(setup.ckpt_path) if setup.ckpt_path else None)
     fit_s = time.time() - fit_start
     train = train_summary(trainer)  # before the evaluation below replaces the callback metrics
+    last = run.ckpt_cb.last_model_path or str(run_dir / CKPT_DIR / "last.ckpt")
     if run.ckpt_cb.saved_step != trainer.global_step:  # last steps after the last validation
-        trainer.save_checkpoint(run.ckpt_cb.last_model_path or str(run_dir / CKPT_DIR / "last.ckpt"))
+        trainer.save_checkpoint(last)
     eval_start = time.time()
-    with caught_stops(trainer, run.ckpt_cb):
+    # a signal in the fit's last step or its final validation, or during this evaluation, stops the run here; its
+    # resume evaluates from last.ckpt
+    with caught_stops(trainer, run.ckpt_cb), STOPS.at_once(trainer, trainer.global_step, last):
         val, test, best = evaluate_after_fit(trainer, run.lit, run.data, run.ckpt_cb, setup.task.test_splits)
-    by_context = None
-    if cfg.eval.get("context_lengths") is not None and trainer.is_global_zero:
-        from archsweep.core.eval.context import evaluate_contexts
+        by_context = None
+        if cfg.eval.get("context_lengths") is not None and trainer.is_global_zero:
+            from archsweep.core.eval.context import evaluate_contexts
 
-        by_context = evaluate_contexts(run.lit.model, setup.task, "test", list(cfg.eval.context_lengths),
-                                       cfg.eval.get("stride"), cfg.eval.get("context_tokens"), progress=log.info)
+            by_context = evaluate_contexts(run.lit.model, setup.task, "test", list(cfg.eval.context_lengths),
+                                           cfg.eval.get("stride"), cfg.eval.get("context_tokens"),
+                                           progress=log.info)
     return Evaluated(val, test, best, by_context, train, fit_s, time.time() - eval_start)
 
 

@@ -3,6 +3,11 @@ is caught.
 
 - `StopOnSignal` (a callback of every fit): SIGTERM, SIGUSR1, SIGUSR2 or SIGINT during training ends the step in
   progress, writes last.ckpt and raises `Interrupted`.
+- `STOPS` (`stops.StopSignals`, a module of its own that job.py imports before Lightning): the process's handler,
+  installed when a job starts, for every moment no fit is running: the final evaluation (a signal stops it at
+  once), the run's set-up and records (noted, and acted on at the next phase boundary), and the gaps between a
+  sweep's jobs (the next job records itself interrupted before it starts). A stop signal is never lost: it ends the
+  process with 128 + its number.
 - `HeldSignals`: between budget branches, when no fit is running, a signal is noted and `Interrupted` raised
   before the next branch.
 - `caught_stops`: the guard fit.py puts around each phase of a run (its fit, its evaluation, its budget branches):
@@ -25,24 +30,12 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from archsweep.core.train.config.setup import Setup
+from archsweep.core.train.lifecycle.stops import SCHEDULER_SIGNALS, STOPS, Interrupted
 from archsweep.core.train.monitoring.callbacks import RunCheckpoint
 from archsweep.core.train.runs.results import RESULTS, Results
 from archsweep.core.train.runs.runinfo import RunInfo
 
 log = logging.getLogger("train")
-
-
-class Interrupted(Exception):
-    """Training stopped by a signal; `last.ckpt` holds the state after `step` optimiser steps."""
-
-    def __init__(self, signum: int, step: int, checkpoint: str | None) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-
-
-# a scheduler's notices: SIGTERM (SLURM's preemption, `kill`, torchrun), SIGUSR1 (Lightning's SLURM requeue signal),
-# SIGUSR2 (submitit's notice before a time-out; core/train/launch/submitit_job.py requeues the job after the stop)
-SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopOnSignal(L.Callback):
@@ -67,6 +60,8 @@ class StopOnSignal(L.Callback):
         # end of fit, so a signal during the final evaluation ends the process as usual
         for signum in (*SCHEDULER_SIGNALS, signal.SIGINT) if trainer.world_size == 1 else SCHEDULER_SIGNALS:
             signal.signal(signum, self._handler)
+        if trainer.world_size > 1:  # Ctrl+C: Python's KeyboardInterrupt, which Lightning turns into a stop of all
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     @property
     def pending(self) -> int | None:
@@ -79,6 +74,7 @@ class StopOnSignal(L.Callback):
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
+        STOPS.note(signum)  # a signal the fit ends too late for is acted on after it (`StopSignals.check`)
         log.warning(f"received {signal.Signals(signum).name}: stopping after the current step, with a checkpoint")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -107,6 +103,8 @@ class StopOnSignal(L.Callback):
             raise Interrupted(self.signum, self.saved_step, self.last_path)
 
 
+
+
 class HeldSignals:
     """SIGTERM / SIGINT while no branch is training (a branch's fit has StopOnSignal): noted, and `check` raises
     `Interrupted` for it before the next branch, so a stop between branches is an interrupted run too."""
@@ -128,6 +126,7 @@ class HeldSignals:
 
     def note(self, signum: int, frame: Any) -> None:
         self.signum = signum
+        STOPS.note(signum)
         log.warning(f"received {signal.Signals(signum).name}: stopping before the next budget branch")
 
     def check(self) -> None:

@@ -10,6 +10,7 @@ import errno
 import logging
 import math
 import os
+import signal
 import traceback
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from archsweep.core.train.config.rules import AFTER_IMPORTS, check_rules, proces
 from archsweep.core.train.config.setup import ConfigError, Setup
 from archsweep.core.train.launch.submitit_job import join_tasks, requeue
 from archsweep.core.train.lifecycle.checks import check_resume, prepare
+from archsweep.core.train.lifecycle.stops import STOPS
 from archsweep.core.train.monitoring.console import job_prefix, quiet_libraries, set_job
 from archsweep.core.train.monitoring.loggers import finish_wandb
 from archsweep.core.train.runs.results import RESULTS, Results
@@ -43,11 +45,13 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
     info = run_info(cfg)
     set_job(job_prefix(info.job_num, info.name) if info.multirun else None)
     quiet_libraries()
+    STOPS.install()
     lock = None
     try:
         lock = claim_job(cfg, info)
         if lock is not None:
             clean_stale_temp(info.run_dir)
+        stopped_before_start(cfg, info)
         setup = prepare(cfg, info)
         if cfg.trace_shapes:
             from archsweep.core.eval.trace import trace_shapes
@@ -71,6 +75,29 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
         if lock is not None:
             lock.release()
     return finished(cfg, info, results)
+
+
+def stopped_before_start(cfg: DictConfig, info: RunInfo) -> None:
+    """A signal that arrived since the previous job of the sweep ended (or while this one composed) stops the sweep
+    here: this job is recorded interrupted at step 0 (a re-run of the sweep starts it) and the process ends with
+    128 + the signal's number."""
+    if STOPS.signum is None or is_worker_process():
+        return
+    signum = STOPS.take()
+    name = signal.Signals(signum).name
+    how = "re-run the sweep" if info.multirun else "run the same command again"
+    log.warning(f"stopped by {name} before this job started; to continue: {how}")
+    results = Results(status="interrupted", interrupted={"signal": name, "step": 0, "exit_code": 128 + signum},
+                      name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
+                      overrides=info.overrides, seed=cfg.seed, steps=0).to_dict()
+    try:
+        info.run_dir.mkdir(parents=True, exist_ok=True)
+        Results.from_dict(results).write(info.run_dir / RESULTS)
+        if info.multirun:
+            append_summary(info, results)
+    except OSError as e:
+        log.error(f"could not record the stop in {info.run_dir}: {e}")
+    raise SystemExit(128 + signum)
 
 
 def claim_job(cfg: DictConfig, info: RunInfo) -> DirectoryLock | None:
@@ -136,6 +163,7 @@ def finished(cfg: DictConfig, info: RunInfo, results: dict[str, Any] | None) -> 
     if info.multirun and results:
         append_summary(info, results)
     if results and results["status"] == "interrupted":
+        STOPS.take()  # recorded: the process ends with its code
         finish_wandb(exit_code=1)
         requeue(results["interrupted"]["signal"])  # a submitit job stopped by submitit's preemption notice
         raise SystemExit(results["interrupted"]["exit_code"])
