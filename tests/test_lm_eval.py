@@ -1,10 +1,13 @@
 """The lm-eval model `archsweep` (archsweep.core.eval.harness) against lm-eval's Hugging Face backend on the
 exported model: the same per-document log-likelihoods, rolling log-likelihoods, generations and scores, on local
-tasks (a task YAML over a JSON file the test writes; lm-eval's benchmarks come from the Hub)."""
+tasks (a task YAML over a JSON file the test writes; lm-eval's benchmarks come from the Hub). Without a network,
+a task whose dataset is on the Hub fails at once, in one line."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -100,3 +103,47 @@ def test_refuses_a_run_without_a_text_tokenizer_or_a_causal_model(tmp_path):
     run, _ = save_run(tmp_path / "encoder", {**LLAMA, "kind": "encoder_only"}, bpe_codec())
     with pytest.raises(ValueError, match="kind=encoder_only .*model=decoder_only"):
         ArchsweepLM(ckpt=str(run))
+
+
+def test_the_hub_probe_tells_a_listening_port_from_a_closed_one():
+    import socket
+
+    from archsweep.core.eval.harness import hub_answers
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        assert hub_answers(f"http://127.0.0.1:{server.getsockname()[1]}")
+        closed = server.getsockname()[1]
+    assert not hub_answers(f"http://127.0.0.1:{closed}", timeout=1.0)
+
+
+def unreachable_dataset_run(tmp_path, *command: str, **env: str) -> subprocess.CompletedProcess:
+    """`command` with the Hub at a closed local port (no network, on any machine), no dataset cache, and a task
+    over a Hub dataset (--include_path <tmp_path>/tasks)."""
+    import os
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        closed = server.getsockname()[1]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "hub_choice.yaml").write_text(json.dumps({"task": "hub_choice", "dataset_path": "archsweep/absent",
+                                                       "test_split": "test", **TASKS["local_choice"]}))
+    run, _ = save_run(tmp_path, LLAMA, bpe_codec())
+    base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    return subprocess.run([sys.executable, *(c.format(run=run, tasks=tasks) for c in command)], capture_output=True,
+                          text=True, timeout=300, env={**base, "HF_ENDPOINT": f"http://127.0.0.1:{closed}",
+                                                       "HF_HOME": str(tmp_path / "hf_home"), **env})
+
+
+@pytest.mark.slow
+def test_offline_a_hub_dataset_fails_at_once_in_one_line_naming_the_local_copy(tmp_path):
+    """archsweep-lm-eval without a network: no retries (about 40 s) and no traceback, but one line saying the
+    dataset could not be reached offline and how to give a local copy; exit status 1."""
+    out = unreachable_dataset_run(tmp_path, "-m", "archsweep.core.eval.harness", "--model", "archsweep",
+                                  "--model_args", "ckpt={run}", "--tasks", "hub_choice", "--include_path", "{tasks}",
+                                  "--device", "cpu")
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("archsweep-lm-eval: error: a task's dataset could not be reached offline ("), last
+    assert "'archsweep/absent'" in last and "--include_path" in last and "dataset_path: json" in last
+    assert "Traceback" not in out.stderr and "Retrying" not in out.stderr

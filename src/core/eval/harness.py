@@ -11,8 +11,12 @@ model. Needs the `eval` extra (`pip install -e ".[eval]"`).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
+import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import lm_eval.models  # noqa: F401  (lm-eval fills its registry with its own models only while it is empty)
 import torch
@@ -139,26 +143,78 @@ class ArchsweepLM(TemplateLM):
         return out
 
 
+HUB = "https://huggingface.co"  # huggingface_hub's endpoint, unless $HF_ENDPOINT names a mirror
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+LOCAL_COPY = ("lm-eval's benchmarks download their datasets from the Hub. Offline, give it a copy: one an earlier run "
+              "with a network cached (~/.cache/huggingface), or a task YAML over local files (dataset_path: json, "
+              "dataset_kwargs: {data_files: ...}) in a folder passed as --include_path (evaluate.py: "
+              "lm_eval.include_path=); docs/interop.md shows one")
+
+
+def hub_answers(endpoint: str, timeout: float = 2.0) -> bool:
+    """Whether the Hub's host accepts a TCP connection within `timeout` seconds, its name lookup included."""
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    answered: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((url.hostname, port), timeout=timeout).close()
+            answered.append(True)
+        except OSError:
+            pass
+
+    probe = threading.Thread(target=connect, daemon=True)  # a name lookup ignores the socket's timeout
+    probe.start()
+    probe.join(timeout)
+    return bool(answered)
+
+
+def offline_unless_the_hub_answers() -> None:
+    """Without a network, lm-eval's dataset downloads retry for about 40 s and end in a traceback. When the Hub does
+    not answer, set HF_DATASETS_OFFLINE and HF_HUB_OFFLINE, which `datasets` (and `huggingface_hub`, unless imported
+    already: torchmetrics imports it through transformers) read once, when imported: a cached dataset then loads and
+    any other fails at once. Offline variables the user set are kept."""
+    if any(v in os.environ for v in OFFLINE_VARS) or "datasets" in sys.modules:
+        return
+    if not hub_answers(os.environ.get("HF_ENDPOINT") or HUB):
+        os.environ.update(dict.fromkeys(OFFLINE_VARS, "1"))
+
+
+def unreachable(e: ConnectionError) -> str:
+    """The one line for a dataset lm-eval could not fetch."""
+    offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in OFFLINE_VARS)
+    return f"a task's dataset could not be reached{' offline' if offline else ''} ({e}). {LOCAL_COPY}"
+
+
 def evaluate_tasks(ckpt: str | Path, tasks: list[str], include_path: str | None = None, batch_size: int = 8,
                    limit: int | None = None, device: str = "auto") -> tuple[dict, str]:
     """lm-eval's `tasks` on a checkpoint: its results (per task: metrics; the versions and n-shot) and its table."""
+    offline_unless_the_hub_answers()
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
 
     manager = TaskManager(include_path=str(include_path) if include_path is not None else None)
-    result = simple_evaluate(model=ArchsweepLM(str(ckpt), batch_size=batch_size, device=device), tasks=tasks,
-                             task_manager=manager, limit=limit)
+    try:
+        result = simple_evaluate(model=ArchsweepLM(str(ckpt), batch_size=batch_size, device=device), tasks=tasks,
+                                 task_manager=manager, limit=limit)
+    except ConnectionError as e:
+        raise ValueError(unreachable(e)) from None
     report = {k: result[k] for k in ("results", "versions", "n-shot") if k in result}
     return {"checkpoint": str(ckpt), **report}, make_table(result)
 
 
 def main() -> None:
     """lm-eval's own command line, with `archsweep` among its models."""
+    offline_unless_the_hub_answers()
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv[0] = "archsweep-lm-eval"
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ConnectionError as e:
+        raise SystemExit(f"archsweep-lm-eval: error: {unreachable(e)}") from None
 
 
 if __name__ == "__main__":
