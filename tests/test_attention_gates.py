@@ -1,7 +1,7 @@
 """Attention output gates (Qiu et al. 2025), attention sinks (gpt-oss; off-by-one softmax) and Dynamic Tanh (Zhu et
-al. 2025): each against its reference (the paper's equations written out here; Hugging Face's gpt-oss attention),
-with the KV cache, on every path of the attention kinds that form scores, in the FLOP count, and refused where it
-cannot apply."""
+al. 2025): each against its reference (the paper's equations written in plain torch in tests/plain_decoder.py; Hugging
+Face's gpt-oss attention), with the KV cache, on every path of the attention kinds that form scores, in the FLOP
+count, and refused where it cannot apply."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from archsweep.variants.plugins.attn_gate import OutputGate
 from archsweep.variants.plugins.attn_sink import AttentionSink
 from archsweep.variants.plugins.attn_softcap import AttentionSoftcap
 from archsweep.variants.pos.rotary import Rotary
+from tests import plain_decoder
+from tests.parity import assert_parity
 
 VOCAB = 23
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -69,21 +71,19 @@ def context(t: int, rope: Rotary, pad_mask: torch.Tensor | None = None) -> AttnC
 
 @pytest.mark.parametrize("gate", ["headwise", "elementwise"])
 def test_the_gate_is_the_papers_sigmoid_of_the_layer_input_on_each_heads_output(gate):
-    attn, rope = layer(gate=gate), Rotary(4)
-    x = torch.randn(2, 6, 16)
-    b, t, h, dh = 2, 6, 4, 4
-    q, k, v = attn.qkv_proj(x).split([16, 8, 8], dim=-1)  # Q = X W_Q, K = X W_K, V = X W_V
-    q, k, v = (y.view(b, t, -1, dh).transpose(1, 2) for y in (q, k, v))
-    q, k = rope.rotate_qk(q, k, torch.arange(t)[None])
-    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # 2 query heads per key/value head
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
-    y = scores.softmax(-1) @ v  # (B, H, T, Dh): SDPA's output, the gate's position G1
-    proj = attn.plugins["attn_gate"].gate_proj
-    g = torch.sigmoid(x @ proj.weight.T + proj.bias)  # sigma(X W_theta)
-    g = g.view(b, t, h, -1).transpose(1, 2)  # one score per head (headwise) or per channel (elementwise)
-    assert g.shape[-1] == (1 if gate == "headwise" else dh)
-    expected = attn.out_proj((y * g).transpose(1, 2).reshape(b, t, h * dh))  # Y' = Y . sigma(X W_theta), then W_O
-    torch.testing.assert_close(attn(x, context(t, rope)), expected)
+    """A decoder with the gate against Qiu et al.'s equation written in plain torch (tests/plain_decoder.py:
+    Y' = Y * sigmoid(X W_theta + b) on each head's SDPA output, X the attention's normed input, before W_O), our
+    weights copied in; 4 query heads over 2 key/value heads."""
+    model = tiny(plugins={"attn_gate": GATE[gate]}, norm_type="rmsnorm")
+    w = plain_decoder.copy_weights(model, n_heads=4, n_kv_heads=2)
+    assert w["block0"]["gate.weight"].shape == ((4 if gate == "headwise" else 32), 32)  # per head, or per channel
+    x = tokens(2, 9)
+    with torch.no_grad():
+        expected = plain_decoder.head(plain_decoder.decoder(x, w, 4, 2), w)
+        assert_parity(model(x), expected)
+        for i in range(2):  # the gate matters: without it the same weights give other logits
+            del w[f"block{i}"]["gate.weight"], w[f"block{i}"]["gate.bias"]
+        assert (plain_decoder.head(plain_decoder.decoder(x, w, 4, 2), w) - expected).abs().max() > 0.1
 
 
 def gpt_oss_attention(attn: SelfAttention):
@@ -122,9 +122,9 @@ def test_the_sink_equals_hugging_face_gpt_oss_attention(sink):
     pad[1, :2] = False  # a left-padded row
     keep = torch.ones(t, t).tril().bool() & pad[:, None, None, :]  # (B, 1, T, T)
     mask = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
-    cos, sin = rope.cos_sin(torch.arange(t)[None], torch.float32)  # (1, 1, T, Dh): each half repeated
+    cos, sin = plain_decoder.rotary_cos_sin(t, 4)  # (T, Dh): the Dh / 2 angles twice
     with torch.no_grad():
-        expected, _ = ref(x, (cos[:, 0, :, :2], sin[:, 0, :, :2]), mask)  # gpt-oss rotates halves as we do
+        expected, _ = ref(x, (cos[None, :, :2], sin[None, :, :2]), mask)  # gpt-oss rotates halves as we do
         ours = attn(x, context(t, rope, pad))
     real = pad  # pads before the prompt see no key: gpt-oss gives them the sink alone, we every key (ignored)
     torch.testing.assert_close(ours[real], expected[real], atol=1e-5, rtol=1e-5)

@@ -1,5 +1,6 @@
-"""Multi-token prediction (the `mtp` plug-in, DeepSeek-V3) against a direct computation of its loss, its causality, its
-FLOP count, what it leaves alone (evaluation and decoding), what it refuses, and train.py with it and with MLA."""
+"""Multi-token prediction (the `mtp` plug-in, DeepSeek-V3): its logits and losses against the paper's equations written
+in plain torch (tests/plain_decoder.py, our weights copied in), its causality, its FLOP count against torch's counter,
+what it leaves alone (evaluation and decoding), what it refuses, and train.py with it and with MLA."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import flop_counter
 
 from archsweep.core.model.build import ModelConfig, build_model, count_parameters
 from archsweep.core.model.config import AXES
-from archsweep.variants.attention.base import AttnContext
 from archsweep.variants.flops import Shape, forward_flops
 from archsweep.variants.hooks import collect_aux_losses
 from archsweep.variants.model import KIND, form_of
 from archsweep.variants.plugins import PLUGIN
+from tests import plain_decoder
+from tests.parity import assert_parity
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -41,41 +44,47 @@ def tokens(b: int = 3, t: int = T, seed: int = 1) -> torch.Tensor:
     return torch.randint(1, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
-def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
-
-
-def reference_losses(model, x: torch.Tensor, labelled: torch.Tensor) -> list[torch.Tensor]:
-    """DeepSeek-V3's equations 21-25 written out: h^k_i = Block(M_k [RMSNorm(h^(k-1)_i); RMSNorm(Emb(t_(i+k)))]),
-    P^k_(i+k+1) = softmax(head(final_norm(h^k_i))), the loss over labelled positions whose target is in the row."""
-    stack, t = model.decoder, x.shape[1]
-    h = stack(x)
+def reference_losses(logits: list[torch.Tensor], x: torch.Tensor, labelled: torch.Tensor) -> list[torch.Tensor]:
+    """DeepSeek-V3's equation 24 per depth: the mean cross-entropy of P^k_(i+k+1) against t_(i+k+1) over the
+    labelled positions whose target is in the row (depth k's target is position i + k's label)."""
     losses = []
-    for k, module in enumerate(model.plugins["mtp"].depths, start=1):
-        n = t - k
-        joined = torch.cat([rms(h[:, :n], module.hidden_norm.weight, module.hidden_norm.eps),
-                            rms(stack.embed(x[:, k:]), module.embed_norm.weight, module.embed_norm.eps)], dim=-1)
-        ctx = AttnContext(None, True, n, n, torch.arange(n)[None], stack.pos.rotate_qk, stack.pos.attn_bias, None,
-                          x.device)
-        h = module.block(joined @ module.in_proj.weight.T, ctx)
-        logits = module.final_norm(h) @ model.head.weight.T  # (B, n, V), tied head
-        nll = -logits[:, :n - 1].log_softmax(-1).gather(-1, x[:, k + 1:, None])[..., 0]  # (B, n - 1)
-        keep = labelled[:, k:t - 1]  # target t_(i+k+1) is the label of position i + k
+    for k, depth in enumerate(logits, start=1):
+        n = depth.shape[1]  # T - k - 1 positions
+        nll = -depth.log_softmax(-1).gather(-1, x[:, k + 1:, None])[..., 0]  # (B, n)
+        keep = labelled[:, k:k + n]
         losses.append((nll * keep).sum() / keep.sum())
     return losses
 
 
-def test_the_loss_equals_a_direct_computation_and_comes_through_the_hook():
+def test_the_decoder_written_in_plain_torch_gives_the_models_next_token_logits():
+    """The reference (tests/plain_decoder.py) is right about the stack the prediction modules read: h^0."""
+    model, x = tiny().eval(), tokens()
+    w = plain_decoder.copy_weights(model, n_heads=4, n_kv_heads=4)
+    with torch.no_grad():
+        assert_parity(model(x), plain_decoder.head(plain_decoder.decoder(x, w, 4, 4), w))
+
+
+def test_the_modules_equal_deepseek_v3s_equations_written_in_plain_torch():
+    """Each depth's logits, its loss and their mean against the equations written out in plain torch
+    (tests/plain_decoder.py: h'^k_i = M_k [RMSNorm(h^(k-1)_i); RMSNorm(Emb(t_(i+k)))], a block, the shared head),
+    our weights copied in; the losses come through the auxiliary-loss hook."""
     model, x = tiny(), tokens()
     labelled = torch.ones_like(x, dtype=torch.bool)
     labelled[0, :4] = False  # a prefix-LM row: the source is not predicted
     model(x)
+    ours = [logits.detach() for logits, _, _ in model.plugins["mtp"].predictions]
     aux = collect_aux_losses(model, labelled)
-    expected = reference_losses(model, x, labelled)
+    w = plain_decoder.copy_weights(model, n_heads=4, n_kv_heads=4)
+    with torch.no_grad():
+        logits = plain_decoder.mtp_logits(x, plain_decoder.decoder(x, w, 4, 4), w, 4, 4)
+        expected = reference_losses(logits, x, labelled)
+    assert [t.shape for t in ours] == [(3, T - 2, VOCAB), (3, T - 3, VOCAB)]
+    for k, (got, want) in enumerate(zip(ours, logits, strict=True), start=1):
+        assert_parity(got, want, msg=f"depth {k}")
     for k, loss in enumerate(expected, start=1):
-        torch.testing.assert_close(aux[f"mtp_{k}"].value, loss)
+        assert_parity(aux[f"mtp_{k}"].value.detach(), loss)
         assert aux[f"mtp_{k}"].weight == 0.0  # logged only
-    torch.testing.assert_close(aux["mtp"].value, torch.stack(expected).mean())
+    assert_parity(aux["mtp"].value.detach(), torch.stack(expected).mean())
     assert aux["mtp"].weight == 0.25 and set(aux) == {"mtp", "mtp_1", "mtp_2"}
     assert collect_aux_losses(model, labelled) == {}  # read once
 
@@ -118,19 +127,15 @@ def test_parameters_count_the_modules_which_every_training_token_uses():
     assert count_parameters(with_mtp, count="active") == count_parameters(with_mtp)
 
 
-def _sdpa(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs):
-    """What the analytic count names: 4 Dh per query-key pair a causal mask leaves."""
-    b, h, t, d = q  # the counter hands shapes
-    return 4 * b * h * d * (t * (t + 1) // 2 if is_causal else t * k[2])
-
-
 def test_flops_count_the_modules_work_in_training_exactly():
-    aten = torch.ops.aten
+    """Under SDPA's math backend every attention product is a matmul torch's counter sees; a causal call costs it
+    all T x T query-key pairs, the analytic count the T (T + 1) / 2 a query sees: they differ by exactly that, over
+    the stack's 2 layers at T and the depths' blocks at T - 1 and T - 2 positions."""
     model, x = tiny(), tokens()
-    with flop_counter.FlopCounterMode(display=False, custom_mapping={
-            aten._scaled_dot_product_flash_attention_for_cpu: _sdpa}) as counter:
+    with sdpa_kernel(SDPBackend.MATH), flop_counter.FlopCounterMode(display=False) as counter:
         model(x)
-    assert forward_flops(model, Shape(3, T)) == counter.get_total_flops()
+    hidden = sum(4 * 3 * 4 * (D // 4) * (n * n - n * (n + 1) // 2) for n in (T, T, T - 1, T - 2))  # 4 B H Dh a pair
+    assert forward_flops(model, Shape(3, T)) + hidden == counter.get_total_flops()
     assert forward_flops(model, Shape(3, T)) > forward_flops(tiny(mtp=0), Shape(3, T))
 
 
