@@ -14,6 +14,9 @@ import pytest
 
 import archsweep.core.train.config.schemas  # noqa: F401  (registers the config groups' schemas, which the yaml files name)
 
+# skip_policy: a skip not on its allow-list fails the run; pytester: test_skip_policy.py runs pytest on examples
+pytest_plugins = ["skip_policy", "pytester"]
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: the test processes share the cores, one torch thread each
     import torch
 
