@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.train.config.rules import FSDP_STRATEGY, data_parallel, processes
 from archsweep.core.train.launch.shard import sharded_strategy
-from archsweep.core.train.lifecycle.interrupts import Interrupted
+from archsweep.core.train.lifecycle.stops import Interrupted
 from archsweep.core.train.monitoring.callbacks import AtomicCheckpointIO
 from archsweep.core.train.runs.runinfo import RunInfo
 
