@@ -141,6 +141,8 @@ def test_bad_budgets_are_refused():
 def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path, monkeypatch):
     cpu = torch.device("cpu")
     assert compute.peak_flops(cpu, "32-true", 1e12, tmp_path) == compute.Peak(1e12, "trainer.peak_flops")
+    assert compute.peak_flops(cpu, "32-true", 1e12, tmp_path).console() == ("speed reference: 1 TFLOP/s "
+        "(trainer.peak_flops). train/mfu in the logs is the share of that speed training reaches")
     # a GPU that Lightning's table lists (get_available_flops): its dense peak in the run's precision
     monkeypatch.setattr(compute.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(compute.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -148,6 +150,9 @@ def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path,
     listed = compute.peak_flops(fake_gpu, "bf16-mixed", None, tmp_path)
     assert listed == compute.Peak(989.4e12, "Lightning's table for NVIDIA H100 80GB HBM3")
     assert not listed.estimate and listed.line() == "peak 989 TFLOP/s: Lightning's table for NVIDIA H100 80GB HBM3"
+    assert listed.console() == ("speed reference: the NVIDIA H100 80GB HBM3 peaks at 989 TFLOP/s in this precision "
+                                "(its data sheet, from Lightning's table). train/mfu in the logs is the share of that "
+                                "speed training reaches")
     assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path).flops == 66.9e12
     monkeypatch.setattr(compute.torch, "get_float32_matmul_precision", lambda: "high")
     assert compute.peak_flops(fake_gpu, "32-true", None, tmp_path).flops == 494.7e12  # fp32 matmuls on TF32 cores
@@ -155,6 +160,9 @@ def test_peak_comes_from_the_override_the_data_sheet_or_a_cached_probe(tmp_path,
     probed = compute.peak_flops(cpu, "32-true", None, tmp_path)
     assert probed.flops == 5e10 and probed.source == "CPU probe, just taken, load 0.2 on 8 cores" and probed.estimate
     assert probed.line() == "peak 50 GFLOP/s: CPU probe, just taken, load 0.2 on 8 cores; MFU is an estimate"
+    assert probed.console() == ("speed test: this CPU multiplies matrices at 50 GFLOP/s (measured just now, load 0.2 "
+                                "on 8 cores). train/mfu in the logs is the share of that speed training reaches (an "
+                                "estimate)")
     again = compute.peak_flops(cpu, "32-true", None, tmp_path)
     assert again.flops == 5e10 and probes == [torch.float32]  # measured once per machine
     compute.peak_flops(cpu, "bf16-mixed", None, tmp_path)
@@ -234,8 +242,11 @@ def test_a_suspect_probe_waits_for_a_quiet_start_to_be_taken_again(tmp_path, mon
     assert len(machine.probes) == compute.PROBE_TRIES  # not taken while the machine is busy
     assert still.flops == 80e9 and still.source == \
         "CPU probe, 1 h old, load 9.0 on 8 cores (suspect: fewer idle cores than its 2 threads)"
-    assert "keeping the suspect matmul probe (fewer idle cores than its 2 threads): the machine is busy now " \
-           "(load 9.0 on 8 cores); it is taken again at a quieter start" in caplog.text
+    assert "the machine is busy now (load 9.0 on 8 cores), so the saved speed test is used though it may read low " \
+           "(fewer idle cores than its 2 threads); it is redone when a run starts on a quieter machine" in caplog.text
+    assert still.console().startswith("speed test: this CPU multiplies matrices at 80 GFLOP/s (measured 1 h ago, load "
+                                      "9.0 on 8 cores; it may read low, the machine was busy: fewer idle cores than "
+                                      "its 2 threads). train/mfu")
     machine.rate, machine.one_thread, machine.load = 104e9, 49.4e9, 6.4  # 6.4 of 8 cores busy: 2 threads fit
     assert compute.peak_flops(cpu, "32-true", None, tmp_path).source == "CPU probe, just taken, load 6.4 on 8 cores"
     assert len(machine.probes) == compute.PROBE_TRIES + 1

@@ -1,6 +1,6 @@
 """What train.py prints: a default run's console has no line twice, at most 3 lines from W&B and none of the
-libraries' tips, and names the peak behind MFU and gives an ETA; sweep jobs name themselves on every line; the
-final summary shows the metrics that fit the task; short runs still validate several times."""
+libraries' tips, says in plain words the speed behind MFU and gives an ETA; sweep jobs name themselves on every
+line; the final summary shows the metrics that fit the task; short runs still validate several times."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def test_default_run_console_has_no_duplicate_and_at_most_three_wandb_lines(tmp_
     assert 1 <= len(wandb) <= 3, "\n".join(wandb)
     for noise in ("Tip:", "anonymous", "TPU available", "LeafSpec", "Warning:"):
         assert not any(noise in line for line in lines), noise
-    (peak,) = [line for line in lines if "MFU against peak" in line]  # which peak, and that it is an estimate
-    assert "FLOP/s: CPU probe, " in peak and peak.endswith("; MFU is an estimate"), peak
+    (peak,) = [line for line in lines if "train/mfu" in line]  # what was measured, the figure, what MFU means
+    assert "speed test: this CPU multiplies matrices at " in peak and " GFLOP/s (measured " in peak, peak
+    assert peak.endswith("train/mfu in the logs is the share of that speed training reaches (an estimate)"), peak
     steps = [line for line in lines if " | eta " in line]
     assert len(steps) == 4 and steps[-1].endswith("eta 0s"), "\n".join(steps)  # 20 steps, logged every 5
     validations = [line for line in lines if "validation at step" in line]

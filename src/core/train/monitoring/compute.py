@@ -24,7 +24,7 @@ import logging
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,7 @@ class Peak:
     source: str  # "trainer.peak_flops", "Lightning's table for <device>", "CPU probe, 3 h old, load 0.4 on 2 cores"
     age_s: float | None = None  # of a probe, when the run used it
     estimate: bool = False  # a probe, not a data sheet: MFU against it is an estimate
+    plain: str = field(default="", compare=False)  # what the figure is, in plain words, for the console
 
     @property
     def table(self) -> bool:
@@ -198,6 +199,13 @@ class Peak:
 
     def line(self) -> str:
         return f"peak {flop_rate(self.flops)}: {self.source}" + ("; MFU is an estimate" if self.estimate else "")
+
+    def console(self) -> str:
+        """The line at the start of training, for a reader who has not met MFU: what was measured, the figure,
+        and what train/mfu means against it."""
+        what = self.plain or f"speed reference: {flop_rate(self.flops)} ({self.source})"
+        return f"{what}. train/mfu in the logs is the share of that speed training reaches" + \
+            (" (an estimate)" if self.estimate else "")
 
 
 def take_probe(device: torch.device, dtype: torch.dtype) -> Probe:
@@ -269,8 +277,12 @@ def probe_peak(probe: Probe, device: torch.device, now: float) -> Peak:
     where = "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
     load = f", load {probe.load:.1f} on {probe.cores} cores" if probe.load is not None else ""
     doubt = probe.doubt(now)
-    source = f"{where} probe, {age_text(now - probe.at)}{load}" + (f" (suspect: {doubt})" if doubt else "")
-    return Peak(probe.flops, source, age_s=max(now - probe.at, 0.0), estimate=True)
+    age = age_text(now - probe.at)
+    source = f"{where} probe, {age}{load}" + (f" (suspect: {doubt})" if doubt else "")
+    when = "measured just now" if now - probe.at < 60 else f"measured {age.removesuffix(' old')} ago"
+    plain = f"speed test: this {where} multiplies matrices at {flop_rate(probe.flops)} ({when}{load}" + \
+        (f"; it may read low, the machine was busy: {doubt})" if doubt else ")")
+    return Peak(probe.flops, source, age_s=max(now - probe.at, 0.0), estimate=True, plain=plain)
 
 
 def peak_flops(device: torch.device, precision: str, override: float | None, cache: Path | None) -> Peak:
@@ -281,7 +293,9 @@ def peak_flops(device: torch.device, precision: str, override: float | None, cac
     if device.type == "cuda":
         listed = get_available_flops(device, dtype)  # None (with a warning naming the device) if not listed
         if listed:
-            return Peak(float(listed), f"{TABLE}{torch.cuda.get_device_name(device)}")
+            name = torch.cuda.get_device_name(device)
+            return Peak(float(listed), f"{TABLE}{name}", plain=f"speed reference: the {name} peaks at "
+                        f"{flop_rate(listed)} in this precision (its data sheet, from Lightning's table)")
     path, key = cache / PROBES if cache is not None else None, machine_key(device, dtype)
     old, now = Probe.from_json(read_cache(path).get(key)), wall_clock()
     doubt = old.doubt(now) if old is not None else None
@@ -289,11 +303,11 @@ def peak_flops(device: torch.device, precision: str, override: float | None, cac
         return probe_peak(old, device, now)
     load = busy_now() if old is not None and now - old.at <= MAX_AGE_S and device.type == "cpu" else None
     if load is not None:  # a probe now would be disturbed too (and would slow this machine's other jobs)
-        log.info(f"keeping the suspect matmul probe ({doubt}): the machine is busy now (load {load:.1f} on "
-                 f"{cpu_cores()} cores); it is taken again at a quieter start")
+        log.info(f"the machine is busy now (load {load:.1f} on {cpu_cores()} cores), so the saved speed test is used "
+                 f"though it may read low ({doubt}); it is redone when a run starts on a quieter machine")
         return probe_peak(old, device, now)
     if old is not None:
-        log.info(f"taking the matmul probe again: the cached one is suspect ({doubt})")
+        log.info(f"redoing this machine's speed test (for train/mfu): the saved one may be off ({doubt})")
     kept = better(old, take_probe(device, dtype))
     write_cache(path, key, kept)
     return probe_peak(kept, device, wall_clock())
@@ -343,7 +357,7 @@ class Compute(L.Callback):
             if trainer.is_global_zero else None
         self.peak = trainer.strategy.broadcast(peak, src=0)
         if trainer.is_global_zero:
-            log.info(f"MFU against {self.peak.line()}")
+            log.info(self.peak.console())
         self.window_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
