@@ -14,7 +14,6 @@ import sys
 from importlib.metadata import PackageNotFoundError, packages_distributions, version
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -138,11 +137,7 @@ def test_every_requirement_has_a_lower_bound_the_installed_version_meets():
 def test_the_test_extra_asks_for_the_transformers_major_its_tests_use():
     (spec,) = [r.specifier for r in requirements()["test"] if canonicalize_name(r.name) == "transformers"]
     assert not spec.contains(LAST_TRANSFORMERS_4), f"test extra: transformers{spec} admits 4.x"
-    try:
-        installed = Version(version("transformers"))
-    except PackageNotFoundError:
-        pytest.skip("transformers is not installed")
-    assert installed.major >= 5
+    assert Version(version("transformers")).major >= 5  # the test extra is installed where the tests run
 
 
 def test_the_check_names_the_module_and_the_file():
