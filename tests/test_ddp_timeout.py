@@ -3,6 +3,7 @@ trainer.collective_timeout_s, instead of waiting torch's 30 minutes; both proces
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from archsweep.core.train.lifecycle.trainer import with_collective_timeout
+from tests.recording_strategy import record_strategy_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
@@ -20,10 +22,15 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
         "trainer.val_check_interval=5", "trainer.log_every_n_steps=2", "schedule.warmup_steps=2", "logger=none"]
 
 
-def test_ddp_strategies_get_the_timeout_and_others_are_left_alone():
+def test_ddp_strategies_get_the_timeout_and_others_are_left_alone(monkeypatch):
+    from lightning.pytorch.strategies import DDPStrategy
+
+    for name in ("ddp", "ddp_spawn"):
+        record_strategy_arguments(monkeypatch, name)
     strategy = with_collective_timeout("ddp", 7)
-    assert type(strategy).__name__ == "DDPStrategy" and strategy._timeout.total_seconds() == 7
-    assert with_collective_timeout("ddp_spawn", 3)._start_method == "spawn"
+    assert isinstance(strategy, DDPStrategy) and strategy.arguments["timeout"] == datetime.timedelta(seconds=7)
+    spawn = with_collective_timeout("ddp_spawn", 3)  # the registered name's own arguments are kept
+    assert spawn.arguments == {"start_method": "spawn", "timeout": datetime.timedelta(seconds=3)}
     assert with_collective_timeout("auto", 7) == "auto"
     assert with_collective_timeout("ddp", None) == "ddp"
 

@@ -111,23 +111,29 @@ def test_residual_norms_ignore_padding(kind):
     padded = torch.cat([x, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     mask = torch.arange(8)[None, :] < 5
 
-    def record(tokens, pad_mask):
-        out = {}
-        handles = residual_hooks(model, out)
+    def run(tokens, pad_mask):
         with torch.no_grad():
             if kind == "encoder_only":
                 model(tokens, pad_mask)
             else:
                 model(tokens, torch.randint(4, 20, (1, 4), generator=torch.Generator().manual_seed(0)), pad_mask)
+
+    def record(tokens, pad_mask):
+        out = {}
+        handles = residual_hooks(model, out)
+        run(tokens, pad_mask)
         for h in handles:
             h.remove()
-        return {k: float(v) for k, v in out.items()}
+        recorded = {k: float(v) for k, v in out.items()}
+        out.clear()
+        run(tokens, pad_mask)
+        assert out == {}  # handles removed: a later forward records nothing
+        return recorded
 
     plain, with_pad = record(x, None), record(padded, mask)
     stacks = ["encoder"] if kind == "encoder_only" else ["encoder", "decoder"]
     assert set(plain) == {f"{s}.{p}" for s in stacks for p in ("embed", "0", "1")}
     assert with_pad == pytest.approx(plain, rel=1e-5)
-    assert not model.encoder.blocks[0]._forward_hooks  # handles removed
 
 
 # --- attention entropy and maps -----------------------------------------------------------------------------

@@ -35,8 +35,7 @@ def hf_attention(q_lora_rank: int, interleave: bool):
         vocab_size=VOCAB, hidden_size=D, num_attention_heads=H, num_key_value_heads=H, attention_bias=False,
         q_lora_rank=q_lora_rank or None, rope_interleave=interleave, rope_parameters={"rope_type": "default",
                                                                                       "rope_theta": 10000.0},
-        **SIZES)
-    config._attn_implementation = "eager"
+        attn_implementation="eager", **SIZES)
     return hf.DeepseekV3Attention(config, layer_idx=0).eval(), hf.DeepseekV3RotaryEmbedding(config)
 
 

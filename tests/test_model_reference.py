@@ -88,8 +88,8 @@ def gpt2_pair(n_layers: int = 2):
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=D, n_layer=n_layers, n_head=H,
                                      n_inner=4 * D, activation_function="gelu_new", resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)
-    config._attn_implementation = "sdpa"
+                                     embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+                                     attn_implementation="sdpa")
     torch.manual_seed(0)
     ref = transformers.GPT2LMHeadModel(config).eval()
     ours = build_model(ModelConfig(kind="decoder_only", vocab_size=VOCAB, d_model=D, n_heads=H, n_layers=n_layers,

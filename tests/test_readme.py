@@ -305,7 +305,7 @@ def check_export(args: list[str]) -> None:
 
 def check_lm_eval(args: list[str]) -> None:
     """lm-eval's own parser takes the arguments (it exits on an unknown flag); the model is ours or its HF one."""
-    cli = pytest.importorskip("lm_eval._cli")
+    cli = pytest.importorskip("lm_eval.__main__")  # the module of lm-eval's console script
     import sys
 
     argv, sys.argv = sys.argv, ["archsweep-lm-eval", *args]

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import get_class
 from omegaconf import OmegaConf
+from recording_strategy import record_strategy_arguments
 from shard_folders import make_shards
 
 from archsweep.core.data.tasks import IGNORE_INDEX
@@ -197,7 +198,7 @@ def test_adamw_skips_decay_on_norms_biases_and_embeddings():
 
 
 @pytest.mark.parametrize("choice", options("trainer"))
-def test_trainer_option_makes_a_trainer(choice, tmp_path):
+def test_trainer_option_makes_a_trainer(choice, tmp_path, monkeypatch):
     from archsweep.core.train.lifecycle.trainer import make_trainer
 
     cfg = compose_train(choice)
@@ -205,10 +206,11 @@ def test_trainer_option_makes_a_trainer(choice, tmp_path):
         pytest.skip("needs a GPU")
     if cfg.trainer.strategy == "ddp":
         cfg.trainer.accelerator = "cpu"  # builds the strategy (gloo) without launching processes
+        record_strategy_arguments(monkeypatch, "ddp")
     trainer = make_trainer(cfg, [], [], tmp_path)  # as train.py does: our keys (peak_flops, ...) taken out first
     assert trainer.max_steps == cfg.trainer.max_steps
     if cfg.trainer.strategy == "ddp":
-        assert trainer.strategy._timeout.total_seconds() == cfg.trainer.collective_timeout_s
+        assert trainer.strategy.arguments["timeout"].total_seconds() == cfg.trainer.collective_timeout_s
     if choice == "fsdp":  # FSDP2 through Lightning's ModelParallelStrategy, one consolidated checkpoint file
         from lightning.pytorch.strategies import ModelParallelStrategy
 

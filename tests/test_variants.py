@@ -57,12 +57,19 @@ def test_alibi_bias_is_minus_slope_times_distance():
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 20)])
 def test_t5_buckets_match_huggingface(bidirectional, num_buckets, max_distance):
-    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
-    relative = torch.arange(-300, 301)[None, :]
-    ours = relative_bucket(relative, bidirectional, num_buckets, max_distance)
-    theirs = t5.T5Attention._relative_position_bucket(relative, bidirectional=bidirectional,
-                                                      num_buckets=num_buckets, max_distance=max_distance)
-    assert torch.equal(ours, theirs)
+    """T5's public compute_bias(q, k) looks up the bias table at bucket(j - i); a table whose row b holds b gives
+    the buckets themselves (the decoder's attention is causal, the encoder's bidirectional)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    config = transformers.T5Config(d_model=8, d_kv=4, num_heads=1, relative_attention_num_buckets=num_buckets,
+                                   relative_attention_max_distance=max_distance, is_decoder=not bidirectional)
+    t5 = T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
+    with torch.no_grad():
+        t5.relative_attention_bias.weight.copy_(torch.arange(num_buckets, dtype=torch.float32)[:, None])
+        theirs = t5.compute_bias(301, 301)[0, 0]  # (q, k): bucket of j - i, from -300 to 300
+    relative = torch.arange(301)[None, :] - torch.arange(301)[:, None]
+    assert torch.equal(relative_bucket(relative, bidirectional, num_buckets, max_distance).float(), theirs)
 
 
 def test_t5_buckets_known_values():
