@@ -102,7 +102,8 @@ def test_moonlight_scaling_is_point_two_sqrt_of_the_larger_dimension():
     p.grad = q.grad = torch.randn(96, 32)
     Muon([{"params": [p], "muon": True}], lr=0.1, scaling="moonlight").step()
     Muon([{"params": [q], "muon": True}], lr=0.1, scaling="reference").step()
-    torch.testing.assert_close(p.detach(), q.detach() * (0.2 * 96 ** 0.5 / 3 ** 0.5))
+    expected = q.detach() * (0.2 * 96 ** 0.5 / 3 ** 0.5)
+    torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 def tiny(**overrides) -> nn.Module:
@@ -194,7 +195,7 @@ def test_state_dict_round_trips_and_resumes_the_same_trajectory():
     opt2.load_state_dict(state["optimizer"])
     steps(again, opt2, 3)
     for (name, p), q in zip(model.named_parameters(), again.parameters(), strict=True):
-        torch.testing.assert_close(q, p, msg=name)
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6 * p.abs().max().item(), msg=name)
 
 
 @pytest.mark.parametrize("shape", [(3,), (2, 3, 4, 5)])

@@ -128,7 +128,8 @@ def test_activation_checkpointing_gives_the_same_gradients(kind, options):
         grads.append({n: p.grad for n, p in model.named_parameters()})
     assert grads[0].keys() == grads[1].keys()
     for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, msg=name)
+        scale = g.abs().max().item()  # relative to the gradient's own size (some are ~1e-2)
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-5, atol=1e-5 * scale, msg=name)
 
 
 @pytest.mark.parametrize("options,match", [
