@@ -8,8 +8,6 @@ docs/tasks.md); a new skip needs an entry here with its reason, reviewed like an
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 # (test file, a part of the skip's reason) -> why that skip is a decision, not a hole
@@ -33,7 +31,8 @@ def allowed(nodeid: str, reason: str) -> str | None:
 
 
 class SkipPolicy:
-    def __init__(self) -> None:
+    def __init__(self, worker: bool) -> None:
+        self.worker = worker  # an xdist worker: the controller sees every worker's reports and decides
         self.skips: list[tuple[str, str]] = []
         self.unexpected: list[tuple[str, str]] = []
 
@@ -45,7 +44,7 @@ class SkipPolicy:
             self.skips.append((report.nodeid, reason))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees every worker's reports and decides
+        if self.worker:
             return
         self.unexpected = [(nodeid, reason) for nodeid, reason in self.skips if allowed(nodeid, reason) is None]
         if self.unexpected and session.exitstatus == pytest.ExitCode.OK:
@@ -61,4 +60,4 @@ class SkipPolicy:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(SkipPolicy(), "skip_policy_checker")
+    config.pluginmanager.register(SkipPolicy(worker=hasattr(config, "workerinput")), "skip_policy_checker")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from parity import assert_parity
 
 from archsweep.core.model.checkpoint import load_model, read_checkpoint
 from archsweep.core.model.legacy import upgrade_model_fields
@@ -115,7 +116,9 @@ def test_a_checkpoint_from_before_the_plugins_computes_what_it_did(name):
     with torch.no_grad():
         logits = model(torch.tensor(EXPECTED[name]["tokens"]))[0]
     then = torch.tensor(EXPECTED[name]["logits"])
-    torch.testing.assert_close(logits, then, rtol=0, atol=0)  # the same computation, bit for bit
+    # the same computation: within float32 rounding of another thread count (a weight read into the wrong place
+    # moves the logits by far more than 1e-6 of their scale)
+    assert_parity(logits, then, rtol=1e-6)
     plugins = model.config.plugins
     if name == "a":
         assert plugins == {"attn_gate": {"per": "head"}, "attn_sink": {"learned": True},
@@ -146,4 +149,6 @@ def test_a_run_from_before_the_plugins_resumes_as_it_did_then(name, tmp_path):
     with open(run_dir / "metrics.csv") as f:
         now = {row["step"]: float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")}
     then = EXPECTED[name]["resumed_train_loss"]
-    assert {step: now[step] for step in then} == then  # bit for bit: weights and Adam moments in their places
+    # weights and Adam moments in their places: the old code's losses, within float32 rounding of another thread
+    # count (a moment in the wrong place moves a loss by far more)
+    assert {step: now[step] for step in then} == pytest.approx(then, rel=1e-6)

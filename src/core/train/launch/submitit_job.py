@@ -87,7 +87,9 @@ def requeue(signal_name: str) -> None:
     signum = preempt_signal()
     if signal.Signals(signum).name != signal_name:
         return
-    handler = signal.getsignal(signum)
+    from archsweep.core.train.lifecycle.stops import STOPS
+
+    handler = STOPS.handler_before(signum)  # submitit's, which the process's stop handler took over at the job's start
     if callable(handler):
         log.info(f"{signal_name}: asking submitit to requeue this job; it resumes from the checkpoint")
         handler(signum, None)

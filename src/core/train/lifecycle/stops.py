@@ -47,6 +47,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.stop_at: tuple[int, str | None] | None = None  # (step, checkpoint) while a signal stops at once
+        self.replaced: dict[int, Any] = {}  # signal -> the handler in place before this one (submitit's, say)
 
     def install(self) -> None:
         """Make this the handler of SIGTERM, SIGUSR1, SIGUSR2 and SIGINT (the main thread only: a job run in a
@@ -54,8 +55,16 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in STOP_SIGNALS:
-            if signal.getsignal(signum) != self.handle:
+            current = signal.getsignal(signum)
+            if current != self.handle:
+                self.replaced[signum] = current
                 signal.signal(signum, self.handle)
+
+    def handler_before(self, signum: int) -> Any:
+        """The handler of `signum` before this one took it (the current one where this never did): submitit's
+        requeue handler, which an interrupted job calls once its checkpoint is written."""
+        current = signal.getsignal(signum)
+        return self.replaced.get(signum) if current == self.handle else current
 
     def handle(self, signum: int, frame: Any) -> None:
         if self.signum == signal.SIGINT == signum:  # a second Ctrl+C: at once, whatever runs
