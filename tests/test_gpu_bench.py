@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,7 +30,11 @@ def test_gpu_bench_tiny_runs_every_stage_on_cpu_and_writes_json_and_markdown(tmp
     assert any(name.startswith("test_compiled_flex_attention") for name in tests["outcomes"])
     training = check["stages"]["training"]
     for model in ("archsweep", "reference-gpt"):
-        assert training[model]["tokens_per_s"] > 0 and 0 < training[model]["mfu"] < 1
+        # MFU is the achieved rate over the probed peak (the FLOP count is pinned by test_flops.py); the probe may
+        # read low on a CPU shared with another test process, so no bound of 1 is claimed here
+        figures = training[model]
+        assert figures["tokens_per_s"] > 0 and figures["mfu"] == pytest.approx(
+            figures["tokens_per_s"] * training["flops_per_token"] / training["peak_flops"], rel=1e-9)
     assert set(check["stages"]["decoding"]["eager"]) == {"batch 1 tokens_per_s", "batch 32 tokens_per_s"}
     assert [t["met"] for t in check["targets"]] == [None, None, None]  # targets are judged on a GPU only
     table = (tmp_path / "check" / "gpu_check.md").read_text()
