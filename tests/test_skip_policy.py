@@ -18,7 +18,8 @@ def test_runs():
 
 def run(pytester: pytest.Pytester, name: str, reason: str) -> pytest.RunResult:
     pytester.makepyfile(**{name: SKIPS.format(reason=reason)})
-    return pytester.runpytest("-p", "skip_policy")
+    # importlib mode: the example may share its name with a test module this process has imported already
+    return pytester.runpytest("-p", "skip_policy", "--import-mode=importlib")
 
 
 def test_a_skip_not_on_the_allow_list_fails_the_run_naming_it(pytester):

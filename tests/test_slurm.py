@@ -66,12 +66,21 @@ def test_tasks_that_are_not_the_trainers_processes_are_refused(task_one, process
 
 @pytest.mark.parametrize("signame, handed_on", [("SIGUSR2", True), ("SIGTERM", False)])
 def test_only_submitits_preemption_signal_is_handed_to_its_requeue(task_one, signame, handed_on):
+    """submitit's handler, in place when the job starts, is the one requeue hands the signal to, though the
+    process's stop handler (`stops.STOPS`) took the signals over when the job started."""
+    from archsweep.core.train.lifecycle.stops import STOP_SIGNALS, StopSignals
+
     seen = []
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))  # submitit's requeue handler
+    stops = StopSignals()
     try:
-        requeue(signame)
+        stops.install()
+        assert signal.getsignal(signal.SIGUSR2) == stops.handle
+        requeue(signame, stops.handler_before)
     finally:
-        signal.signal(signal.SIGUSR2, previous)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
     assert seen == ([signal.SIGUSR2] if handed_on else [])
     assert submitit_job.preempt_signal() == signal.SIGUSR2
 

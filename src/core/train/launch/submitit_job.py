@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 log = logging.getLogger("train")
 EXECUTOR_ENV = "SUBMITIT_EXECUTOR"  # set by submitit in every job it starts: "slurm", "local", ...
@@ -78,18 +79,17 @@ def preempt_signal() -> int:
     return int(getattr(signal, "SIG" + JobEnvironment.USR_SIG))
 
 
-def requeue(signal_name: str) -> None:
+def requeue(signal_name: str, handler_before: Callable[[int], Any]) -> None:
     """After an interrupted run in a submitit job: a stop by submitit's preemption signal is passed on to its
-    handler (the one in place again after the fit), which requeues the job from rank 0 and exits. Other signals
+    handler (`handler_before(signum)`: the one the process's stop handler took over), which requeues the job from
+    rank 0 and exits. Other signals
     (SIGTERM: SLURM requeues a preempted job itself when its partition says so) and other processes: nothing."""
     if job_tasks() is None:
         return
     signum = preempt_signal()
     if signal.Signals(signum).name != signal_name:
         return
-    from archsweep.core.train.lifecycle.stops import STOPS
-
-    handler = STOPS.handler_before(signum)  # submitit's, which the process's stop handler took over at the job's start
+    handler = handler_before(signum)  # submitit's, which the process's stop handler took over at the job's start
     if callable(handler):
         log.info(f"{signal_name}: asking submitit to requeue this job; it resumes from the checkpoint")
         handler(signum, None)

@@ -165,7 +165,8 @@ def finished(cfg: DictConfig, info: RunInfo, results: dict[str, Any] | None) -> 
     if results and results["status"] == "interrupted":
         STOPS.take()  # recorded: the process ends with its code
         finish_wandb(exit_code=1)
-        requeue(results["interrupted"]["signal"])  # a submitit job stopped by submitit's preemption notice
+        # a submitit job stopped by submitit's preemption notice: its handler requeues it
+        requeue(results["interrupted"]["signal"], STOPS.handler_before)
         raise SystemExit(results["interrupted"]["exit_code"])
     return objective_value(results, cfg.objective) if results else math.nan
 
