@@ -24,15 +24,16 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
-def allowed(nodeid: str, reason: str) -> str | None:
+def allowed(nodeid: str, reason: str, allow_list: dict[tuple[str, str], str] = ALLOWED) -> str | None:
     """Why the skip of `nodeid` for `reason` is allowed, or None."""
     file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-    return next((why for (name, part), why in ALLOWED.items() if name == file and part in reason), None)
+    return next((why for (name, part), why in allow_list.items() if name == file and part in reason), None)
 
 
 class SkipPolicy:
-    def __init__(self, worker: bool) -> None:
+    def __init__(self, worker: bool, allow_list: dict[tuple[str, str], str] = ALLOWED) -> None:
         self.worker = worker  # an xdist worker: the controller sees every worker's reports and decides
+        self.allow_list = allow_list
         self.skips: list[tuple[str, str]] = []
         self.unexpected: list[tuple[str, str]] = []
 
@@ -46,7 +47,8 @@ class SkipPolicy:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.worker:
             return
-        self.unexpected = [(nodeid, reason) for nodeid, reason in self.skips if allowed(nodeid, reason) is None]
+        self.unexpected = [(nodeid, reason) for nodeid, reason in self.skips
+                           if allowed(nodeid, reason, self.allow_list) is None]
         if self.unexpected and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
