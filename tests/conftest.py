@@ -21,6 +21,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: the test processes share th
     import torch
 
     torch.set_num_threads(1)
+    # and so do the train.py processes they start: two threads each beside another worker's would contend for the
+    # cores (tests that set their own thread count keep it)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # module -> its slow tests by function name (every parametrisation), or "*" for the whole module
 SLOW = {

@@ -363,8 +363,8 @@ def test_the_readme_sets_up_runs_and_tests_as_ci_does():
     setup = 'pip install torch==2.13.0 -e ".[test]" && pip install --no-deps torchscale==0.3.0 fairscale==0.4.0'
     assert setup in readme, "the README's second set-up command is CI's two pip lines"
     assert all(f"pip install -q {part.removeprefix('pip install ')}" in ci for part in setup.split(" && "))
-    assert "python -m pytest -q" in [c.split("#")[0].strip() for c in readme] and ci.rstrip().endswith(
-        "python -m pytest -q")
+    assert "python -m pytest -q -n auto" in [c.split("#")[0].strip() for c in readme] and ci.rstrip().endswith(
+        "python -m pytest -q -n auto")
     assert any(c.split("#")[0].strip() == "python train.py" for c in readme)
 
 
