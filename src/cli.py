@@ -242,11 +242,13 @@ def stopped_after_the_last_job() -> None:
     """A stop signal that arrived after the last job had recorded its results still ends the process as stopped
     (128 + its number): a scheduler must not read success from a job it asked to stop."""
     from archsweep.core.train.lifecycle.stops import STOPS
+    from archsweep.core.train.monitoring.console import process_rank
 
     signum = STOPS.take()
     if signum is not None:
-        print(f"stopped by {signal.Signals(signum).name} after the last job had finished (its results are complete)",
-              file=sys.stderr, flush=True)
+        if process_rank() == 0:  # a data-parallel worker's stop was recorded by rank 0
+            print(f"stopped by {signal.Signals(signum).name} after the last job had finished (its results are "
+                  f"complete)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
 
