@@ -3,11 +3,14 @@ is caught.
 
 - `StopOnSignal` (a callback of every fit): SIGTERM, SIGUSR1, SIGUSR2 or SIGINT during training ends the step in
   progress, writes last.ckpt and raises `Interrupted`.
+- `OwnSignals` (the first callback of every trainer): Lightning's SIGTERM handler, which it puts in place at the
+  start of every fit, validation and test, is replaced by `STOPS` at the first hook after it (on several processes
+  that handler hangs the run).
 - `STOPS` (`stops.StopSignals`, a module of its own that job.py imports before Lightning): the process's handler,
-  installed when a job starts, for every moment no fit is running: the final evaluation (a signal stops it at
-  once), the run's set-up and records (noted, and acted on at the next phase boundary), and the gaps between a
-  sweep's jobs (the next job records itself interrupted before it starts). A stop signal is never lost: it ends the
-  process with 128 + its number.
+  installed when a job starts, for every moment no training is running: the final evaluation (one process: a
+  signal stops it at once), the run's set-up, a fit's start and the records (noted, and acted on at the next phase
+  boundary: a fit's first step, the end of the evaluation), and the gaps between a sweep's jobs (the next job records
+  itself interrupted before it starts). A stop signal is never lost: it ends the process with 128 + its number.
 - `HeldSignals`: between budget branches, when no fit is running, a signal is noted and `Interrupted` raised
   before the next branch.
 - `caught_stops`: the guard fit.py puts around each phase of a run (its fit, its evaluation, its budget branches):
@@ -56,12 +59,13 @@ class StopOnSignal(L.Callback):
         self.stopped = False  # Interrupted raised: the signal was acted on
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # after Lightning's own handlers (registered before this hook); Lightning restores the earlier ones at the
-        # end of fit, so a signal during the final evaluation ends the process as usual
+        # until now `STOPS` had the signals (OwnSignals gave them back to it after Lightning had put its own handler
+        # in place); Lightning restores STOPS's handler at the end of fit
         for signum in (*SCHEDULER_SIGNALS, signal.SIGINT) if trainer.world_size == 1 else SCHEDULER_SIGNALS:
             signal.signal(signum, self._handler)
         if trainer.world_size > 1:  # Ctrl+C: Python's KeyboardInterrupt, which Lightning turns into a stop of all
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.signum = STOPS.for_training()  # one noted in the run's set-up, or in this fit before its training
 
     @property
     def pending(self) -> int | None:
@@ -103,6 +107,30 @@ class StopOnSignal(L.Callback):
             raise Interrupted(self.signum, self.saved_step, self.last_path)
 
 
+class OwnSignals(L.Callback):
+    """The first callback of every trainer (trainer.make_trainer): the stop signals stay with this process's own
+    handlers through the whole of each Lightning run. Lightning puts its SIGTERM handler in place at the start of
+    every fit, validation and test (after the `setup` and `on_fit_start` hooks, before the sanity check); on several
+    processes that handler sends the signal on to the processes Lightning started and broadcasts from inside the
+    handler, a collective the other processes have not entered: they wait in their own next one (a barrier, a
+    metric's gather) and the run hangs until the collective time-out (a SIGTERM during the sanity check, the
+    peak-speed probe at the training's start or the final evaluation did). From the first hook after it, `STOPS`
+    has the signals back (it notes them; in the final evaluation of one process it stops at once), and
+    `StopOnSignal` takes them over for the training, with whatever `STOPS` noted. Left to Lightning's handler are
+    the milliseconds from its registration, just after a barrier of all the processes, to that first hook."""
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        STOPS.take_back()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        STOPS.take_back()  # before the other callbacks' hooks (the peak-speed probe and its broadcast)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn != "fit":  # a fit's own validations have StopOnSignal's handler
+            STOPS.take_back()
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        STOPS.take_back()
 
 
 class HeldSignals:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from archsweep.core.data.tasks.base import Task
 from archsweep.core.train.config.rules import FSDP_STRATEGY, data_parallel, processes
 from archsweep.core.train.launch.shard import sharded_strategy
+from archsweep.core.train.lifecycle.interrupts import OwnSignals
 from archsweep.core.train.lifecycle.stops import Interrupted
 from archsweep.core.train.monitoring.callbacks import AtomicCheckpointIO
 from archsweep.core.train.runs.runinfo import RunInfo
@@ -82,8 +83,8 @@ def make_trainer(cfg: DictConfig, loggers: list[Any], callbacks: list[Any], run_
         log.info(f"trainer.max_steps={args['max_steps']} is below trainer.val_check_interval="
                  f"{args['val_check_interval']}: validating every {every} steps instead")
     args["val_check_interval"] = every * accumulate
-    return L.Trainer(**args, logger=loggers, callbacks=[*callbacks, RankError()], plugins=[AtomicCheckpointIO()],
-                     default_root_dir=str(run_dir))
+    return L.Trainer(**args, logger=loggers, callbacks=[OwnSignals(), *callbacks, RankError()],
+                     plugins=[AtomicCheckpointIO()], default_root_dir=str(run_dir))
 
 
 class RankError(L.Callback):
