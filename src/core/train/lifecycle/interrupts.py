@@ -201,6 +201,10 @@ def interrupted_results(trainer: L.Trainer, stop: Interrupted, info: RunInfo, se
     how = "re-run the sweep" if info.multirun else f"python train.py resume={info.run_dir} (or the same command again)"
     log.warning(f"interrupted by {signal.Signals(signum).name} at step {step}; to continue from {checkpoint}: {how}")
     if not trainer.is_global_zero:
+        # rank 0 records the stop and ends with its code; another process ends with 0, without cli.py's line on a
+        # signal after the last job (an agreed stop sets its STOPS too), since a non-zero end before rank 0's would
+        # have Lightning's launcher kill rank 0, perhaps before its record
+        STOPS.take()
         return None
     results = Results(
         status="interrupted",
