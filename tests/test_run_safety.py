@@ -338,7 +338,7 @@ def test_a_data_parallel_run_signalled_stops_interrupted_and_resumes(tmp_path):
     proc = launch(tmp_path, *LONG, *ddp, f"hydra.run.dir={run_dir}", "+callbacks.slow._target_=slowdown.Slow")
     signal_when(proc, run_dir / "train.log", "step 14/40", signal.SIGTERM, timeout=180)
     code, out = finish(proc)
-    assert code != 0, out[-3000:]
+    assert code == 128 + signal.SIGTERM, out[-3000:]  # rank 0's: the other process ends with 0, after it or before
     res = results(run_dir)
     assert res["status"] == "interrupted" and res["interrupted"]["signal"] == "SIGTERM", out[-3000:]
     assert res["last_checkpoint"] and Path(res["last_checkpoint"]).is_file()
