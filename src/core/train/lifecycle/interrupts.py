@@ -116,8 +116,9 @@ class OwnSignals(L.Callback):
     metric's gather) and the run hangs until the collective time-out (a SIGTERM during the sanity check, the
     peak-speed probe at the training's start or the final evaluation did). From the first hook after it, `STOPS`
     has the signals back (it notes them; in the final evaluation of one process it stops at once), and
-    `StopOnSignal` takes them over for the training, with whatever `STOPS` noted. Left to Lightning's handler are
-    the milliseconds from its registration, just after a barrier of all the processes, to that first hook."""
+    `StopOnSignal` takes them over for the training, with whatever `STOPS` noted. Left to Lightning's handler is the
+    stretch from its registration, just after a barrier of all the processes, to that first hook: Lightning's next
+    barrier and the making of the data loaders (milliseconds here; a signal there still meets it)."""
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOPS.take_back()
