@@ -7,11 +7,11 @@ import csv
 import json
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
@@ -326,8 +326,22 @@ def test_results_name_the_peak_its_source_and_age(tmp_path, monkeypatch):
 
 
 def test_the_probe_measures_a_real_rate():
-    rate = compute.measure_matmul_peak(torch.device("cpu"), torch.float32, seconds=0.2)
-    assert 1e8 < rate < 1e14
+    rate, size = compute.measure_matmul_peak(torch.device("cpu"), torch.float32, seconds=0.2)
+    assert 1e8 < rate < 1e14 and size in (256, 512, 1024)
+
+
+@pytest.mark.parametrize("flops,size", [(1e9, 256), (2e10, 512), (2e11, 1024), (1e15, 1024)])
+def test_the_probe_size_fits_one_multiply_in_a_64th_of_its_time(flops, size):
+    """A device's rate in the dtype (1 GFLOP/s: bf16 on a CPU without bf16 units) sets the probe's matrices: the
+    largest n with a multiply under 0.5 s / 64 (2 n^3 FLOPs), at least 256, at most 1024."""
+    asked = []
+
+    def seconds_per_multiply(n: int) -> float:
+        asked.append(n)
+        return 2 * n ** 3 / flops
+
+    assert compute.fit_size(seconds_per_multiply, 0.5) == size
+    assert asked == [n for n in (256, 512) if n <= size]  # each size timed once, 1024 never
 
 
 def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
@@ -337,7 +351,7 @@ def test_a_run_logs_flops_and_mfu_to_metrics_wandb_and_results(tmp_path):
             "task.val_batches=2", "task.test_batches=2", "diagnostics.every_n_steps=0", "eval.decode_samples=0",
             "trainer.peak_flops=1e11", "budget.tokens=6000",  # 7.8 steps of 12 x 64 tokens: 8
             f"hydra.run.dir={tmp_path / 'run'}", f"output_root={tmp_path}"]
-    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = scripts.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "run"

@@ -24,6 +24,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ from archsweep.variants.flops import TRAIN_FACTOR, Shape, forward_flops
 
 log = logging.getLogger(__name__)
 
-PROBE_SIZE = 1024  # the probe multiplies two PROBE_SIZE x PROBE_SIZE matrices
+PROBE_SIZE = 1024  # the probe multiplies two n x n matrices, n at most this,
+MIN_PROBE_SIZE = 256  # at least this, and as large as one multiply in 1/64 of its time allows (fit_size)
 PROBE_SECONDS = 0.5  # all threads; one thread gets half of it
 PROBE_TRIES = 3  # probes taken in a row while they are suspect
 MAX_AGE_S = 30 * 86400.0
@@ -56,12 +58,36 @@ def probe_dtype(precision: str) -> torch.dtype:
     return torch.float32
 
 
-def measure_matmul_peak(device: torch.device, dtype: torch.dtype, seconds: float = 1.0) -> float:
-    """Best FLOP/s of square matmuls over `seconds` (the best of short rounds: background load only slows some)."""
-    n = PROBE_SIZE
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+def fit_size(seconds_per_multiply: Callable[[int], float], seconds: float) -> int:
+    """The probe's matrix size: from MIN_PROBE_SIZE, doubled (8x the work) while one multiply takes under 1/64 of
+    the probe's `seconds`, up to PROBE_SIZE. A device slow in the dtype (bf16 on a CPU without bf16 units, 2 s
+    per 1024 x 1024 multiply) keeps the probe near its time instead of 7 multiplies of that size."""
+    n = MIN_PROBE_SIZE
+    while n < PROBE_SIZE and seconds_per_multiply(n) * 64 < seconds:
+        n *= 2
+    return n
+
+
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype, seconds: float = 1.0,
+                        size: int | None = None) -> tuple[float, int]:
+    """(best FLOP/s of n x n matmuls over `seconds`, n): the best of short rounds (background load only slows some);
+    n is `size`, or fitted to `seconds` (fit_size)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def operands(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+
+    def seconds_per_multiply(n: int) -> float:
+        a, b = operands(n)
+        a @ b  # the first multiply of a size also pays for set-up (a GPU's library initialising)
+        sync()
+        start = time.perf_counter()
+        a @ b
+        sync()
+        return time.perf_counter() - start
+
+    n = size or fit_size(seconds_per_multiply, seconds)
+    a, b = operands(n)
     for _ in range(3):
         a @ b
     sync()
@@ -72,19 +98,19 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, seconds: float
             a @ b
         sync()
         best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - start))
-    return best
+    return best, n
 
 
 def measure_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, float | None]:
     """(best FLOP/s with torch's threads, best FLOP/s with one thread). The second is None off the CPU, where the
     host's threads do not do the arithmetic."""
-    rate = measure_matmul_peak(device, dtype, PROBE_SECONDS)
+    rate, n = measure_matmul_peak(device, dtype, PROBE_SECONDS)
     if device.type != "cpu":
         return rate, None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        one = measure_matmul_peak(device, dtype, PROBE_SECONDS / 2)
+        one, _ = measure_matmul_peak(device, dtype, PROBE_SECONDS / 2, size=n)  # the same matrices' size
     finally:
         torch.set_num_threads(threads)
     return rate, one
