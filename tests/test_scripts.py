@@ -1,0 +1,103 @@
+"""The warm script runner (`scripts.run`) against `subprocess.run`: the same script, arguments and environment give
+the same exit code, output and files, with the run's own process, working directory and environment."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import scripts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import atexit, json, os, signal, sys, time
+atexit.register(lambda: print("atexit ran", flush=True))
+print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "marker": os.environ.get("ARCHSWEEP_TEST_MARKER"),
+                  "path0": sys.path[0], "main": __name__,
+                  "torch_threads": __import__("torch").get_num_threads()}))
+print("to stderr", file=sys.stderr)
+mode = sys.argv[1]
+if mode == "sleep":
+    time.sleep(600)
+if mode == "kill":
+    os.kill(os.getpid(), signal.SIGTERM)
+if mode == "raise":
+    raise ValueError("the probe's error")
+sys.exit(int(mode))
+"""
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Path:
+    (tmp_path / "work").mkdir()
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    return path
+
+
+def both(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    return scripts.run(cmd, **kwargs), subprocess.run(cmd, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["0", "3", "raise", "kill"])
+def test_a_served_script_ends_as_a_fresh_process_does(probe, tmp_path, mode):
+    env = {**os.environ, "ARCHSWEEP_TEST_MARKER": f"marker-{mode}"}
+    warm, fresh = both([sys.executable, str(probe), mode], cwd=tmp_path / "work", env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert warm.returncode == fresh.returncode == {"0": 0, "3": 3, "raise": 1, "kill": -signal.SIGTERM}[mode]
+    assert warm.stdout == fresh.stdout  # argv, cwd, the environment's marker, sys.path[0], __main__, torch threads
+    assert f'"marker": "marker-{mode}"' in warm.stdout and f'"cwd": "{tmp_path / "work"}"' in warm.stdout
+    assert ("atexit ran" in warm.stdout) == (mode != "kill")
+    assert warm.stderr == fresh.stderr
+    if mode == "raise":
+        assert "ValueError: the probe's error" in warm.stderr
+
+
+def test_a_server_is_not_used_by_a_run_whose_interpreter_settings_differ(probe, tmp_path, monkeypatch):
+    """A PYTHONPATH or thread count the server did not start with: the run is a fresh process (a fresh interpreter
+    prints its own imports with PYTHONPROFILEIMPORTTIME; the server's child would print none)."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    out = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                      timeout=120)
+    assert out.returncode == 0 and "import time:" in out.stderr and "| torch" in out.stderr
+
+
+def test_stderr_into_stdout_and_a_timeout_as_subprocess_has_them(probe, tmp_path):
+    merged = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert "to stderr" in merged.stdout and "atexit ran" in merged.stdout and merged.stderr is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        scripts.run([sys.executable, str(probe), "sleep"], cwd=tmp_path, capture_output=True, timeout=3)
+    again = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, capture_output=True, check=True, timeout=120)
+    assert b"atexit ran" in again.stdout  # the server goes on after a run it killed
+    with pytest.raises(subprocess.CalledProcessError):
+        scripts.run([sys.executable, str(probe), "3"], cwd=tmp_path, capture_output=True, check=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_served_training_run_equals_a_fresh_one(tmp_path):
+    """A tiny train.py run both ways: the same losses at every step bit for bit, the same console but for the
+    run's folder, figures and the speed test's line (the first run measures, the second reads what it saved)."""
+    tiny = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
+            "task.max_len=8", "task.val_batches=2", "task.test_batches=2", "trainer.max_steps=12",
+            "trainer.val_check_interval=6", "trainer.log_every_n_steps=2", "schedule.warmup_steps=3", "logger=csv"]
+    runs = {}
+    for name, runner in (("warm", scripts.run), ("fresh", subprocess.run)):
+        out = runner([sys.executable, "train.py", *tiny, f"hydra.run.dir={tmp_path / name}"], cwd=ROOT,
+                     capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        with open(tmp_path / name / "metrics.csv") as f:
+            losses = [(r["step"], r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+        lines = [line for line in out.stdout.replace(str(tmp_path / name), "RUN").splitlines()
+                 if "speed test" not in line and "the machine is busy" not in line]
+        console = [re.sub(r"\d[\d,]*(\.\d+)?", "N", line) for line in lines]
+        runs[name] = losses, console, out.stderr
+    assert len(runs["warm"][0]) == 6
+    assert runs["warm"] == runs["fresh"]
