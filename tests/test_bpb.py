@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import scripts
 import torch
 
 from archsweep.core.data.tasks import IGNORE_INDEX
@@ -200,7 +201,6 @@ def test_a_bpe_run_logs_the_bpb_its_checkpoint_gives_by_hand(tmp_path):
     NLL of the validation windows' labels in bits over the bytes their decoded text has (ASCII: no token splits a
     character, so each row of labels decodes to exactly the text it covers)."""
     import random
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -214,7 +214,7 @@ def test_a_bpe_run_logs_the_bpb_its_checkpoint_gives_by_hand(tmp_path):
     lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(1500)]
     (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="ascii")
     run_dir = tmp_path / "run"
-    out = subprocess.run(
+    out = scripts.run(
         [sys.executable, "train.py", "task=text", f"task.path={tmp_path / 'corpus.txt'}", "task.tokenizer=bpe",
          "task.bpe_vocab_size=300", f"task.cache_dir={tmp_path / 'cache'}", "task.block_size=32",
          "task.batch_size=8", "task.val_batches=3", "task.test_batches=1", "model=decoder_only", "model.d_model=32",

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import scripts
 from hydra import compose, initialize_config_dir
 
 from archsweep.core.train.config.setup import ConfigError
@@ -34,7 +35,7 @@ def compose_train(*overrides: str):
 
 def train(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}",
+    return scripts.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}",
                            f"output_root={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

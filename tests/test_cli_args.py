@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 
 from archsweep.cli import CONF, check_overrides, missing_values, override_args
 from archsweep.composition import composition_error
@@ -76,7 +77,7 @@ def test_arguments_that_compose_pass_the_composition_check():
 
 def run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True,
+    return scripts.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 
 from archsweep.core.report import CompareError, compare, terminal, write
 from archsweep.core.report.plots import mean_band
@@ -276,7 +276,7 @@ def test_bad_directories_are_refused(tmp_path):
 
 
 def test_cli_prints_the_table_writes_files_and_exits_2_on_bad_input(sweep, tmp_path):
-    run = lambda *args: subprocess.run([sys.executable, "compare.py", *map(str, args)], cwd=ROOT,
+    run = lambda *args: scripts.run([sys.executable, "compare.py", *map(str, args)], cwd=ROOT,
                                        capture_output=True, text=True, timeout=120)
     ok = run(sweep, "--no-plots", "--sort", "val/exact_match")
     assert ok.returncode == 0, ok.stderr
@@ -336,7 +336,7 @@ def test_runs_of_different_tasks_are_ranked_only_within_each_task(tmp_path):
     assert [(c.values["task"], c.stats["val/loss"].mean, c.best) for c in report.cells] == [
         ("reverse", 0.2, True), ("reverse", 0.5, False), ("shakespeare_char", 1.2, True),
         ("shakespeare_char", 1.5, False)]
-    out = subprocess.run([sys.executable, "compare.py", *map(str, sources), "--out", str(tmp_path / "o2")], cwd=ROOT,
+    out = scripts.run([sys.executable, "compare.py", *map(str, sources), "--out", str(tmp_path / "o2")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--group-by task" in out.stderr
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 from omegaconf import OmegaConf
 from parity import assert_parity
@@ -53,7 +54,7 @@ def test_flat_fields_go_to_the_chosen_variant_only():
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return scripts.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import scripts
 
 from archsweep.core.train.monitoring.console import ConsoleFormatter, DropNoise, OneVoice, job_prefix, set_job
 from archsweep.core.train.monitoring.summary import family, metric_parts
@@ -27,7 +27,7 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
 def test_default_run_console_has_no_duplicate_and_at_most_three_wandb_lines(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # W&B as a user meets it
     env["WANDB_MODE"] = "offline"
-    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={tmp_path / 'run'}",
+    out = scripts.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={tmp_path / 'run'}",
                           f"output_root={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]

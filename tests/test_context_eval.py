@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import scripts
 import torch
 import torch.nn.functional as F
 
@@ -116,7 +117,6 @@ def test_bad_settings_are_refused(model, lengths, stride, field):
 def test_evaluate_py_writes_the_by_context_table(tmp_path):
     import json
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -127,11 +127,11 @@ def test_evaluate_py_writes_the_by_context_table(tmp_path):
              "model.max_seq_len=64", "task.block_size=32", "model.d_model=32", "model.n_layers=1",
              "trainer.max_steps=10", "trainer.val_check_interval=5", "task.val_batches=1", "task.test_batches=1",
              "logger=none", f"hydra.run.dir={run}", f"output_root={tmp_path}"]
-    out = subprocess.run(train, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    out = scripts.run(train, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     evaluate = [sys.executable, "evaluate.py", f"ckpt={run}", "eval.context_lengths=[32,64,128]", "eval.stride=16",
                 "eval.context_tokens=2000", f"output={tmp_path / 'eval.json'}"]
-    out = subprocess.run(evaluate, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    out = scripts.run(evaluate, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "length     64 (sliding, stride 16)" in out.stdout and "length    128: not applicable" in out.stdout
     table = json.loads((tmp_path / "eval.json").read_text())["by_context"]
@@ -144,7 +144,6 @@ def test_evaluate_py_writes_the_by_context_table(tmp_path):
 @pytest.mark.slow
 def test_init_from_fine_tunes_with_another_rope_scaling_and_refuses_other_architectures(tmp_path):
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -156,11 +155,11 @@ def test_init_from_fine_tunes_with_another_rope_scaling_and_refuses_other_archit
               "trainer.max_steps=6", "trainer.val_check_interval=3", "task.val_batches=1", "task.test_batches=1",
               "schedule.warmup_steps=1", "logger=none", f"output_root={tmp_path}"]
     first = tmp_path / "first"
-    out = subprocess.run([sys.executable, "train.py", *common, "task.block_size=32", f"hydra.run.dir={first}"],
+    out = scripts.run([sys.executable, "train.py", *common, "task.block_size=32", f"hydra.run.dir={first}"],
                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     tuned = tmp_path / "tuned"
-    out = subprocess.run([sys.executable, "train.py", *common, "task.block_size=64", "model.pos.scaling=linear",
+    out = scripts.run([sys.executable, "train.py", *common, "task.block_size=64", "model.pos.scaling=linear",
                           "model.pos.factor=2.0", f"init_from={first}", f"hydra.run.dir={tuned}"],
                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

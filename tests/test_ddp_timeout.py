@@ -6,12 +6,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import scripts
 
 from archsweep.core.train.lifecycle.trainer import with_collective_timeout
 from tests.recording_strategy import record_strategy_arguments
@@ -42,7 +42,7 @@ def test_a_stalled_process_fails_the_run_with_a_message_not_a_hang(tmp_path):
         [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     run = tmp_path / "run"
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "train.py", *TINY, "trainer=ddp", "trainer.accelerator=cpu",
+    out = scripts.run([sys.executable, "train.py", *TINY, "trainer=ddp", "trainer.accelerator=cpu",
                           "trainer.collective_timeout_s=30", "+callbacks.stall._target_=fault_callbacks.StallRank",
                           "+callbacks.stall.seconds=600", f"hydra.run.dir={run}", f"output_root={tmp_path}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)

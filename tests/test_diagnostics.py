@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
@@ -57,7 +58,7 @@ def tiny(kind: str, **overrides) -> torch.nn.Module:
 def train(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop("WANDB_API_KEY", None)
-    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = scripts.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
@@ -280,7 +281,7 @@ def test_settings_check_imports_nothing_heavy():
 
 def test_train_refuses_bad_settings_naming_the_field(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    out = subprocess.run([sys.executable, "train.py", "diagnostics.divergence.patience=0", "logger=csv",
+    out = scripts.run([sys.executable, "train.py", "diagnostics.divergence.patience=0", "logger=csv",
                           f"hydra.run.dir={tmp_path / 'run'}", f"output_root={tmp_path}"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0

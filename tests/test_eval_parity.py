@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 
 from archsweep.core.data.tasks import IGNORE_INDEX
@@ -168,7 +169,7 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = scripts.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out

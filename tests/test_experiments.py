@@ -4,11 +4,11 @@ themselves run in test_sweeps.py)."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -208,7 +208,7 @@ def test_trace_rows_follow_the_tensor_flow():
 
 @pytest.mark.slow  # a train.py subprocess
 def test_trace_shapes_from_the_command_line():
-    out = subprocess.run([sys.executable, "train.py", "trace_shapes=true", "logger=none", "model=decoder_only",
+    out = scripts.run([sys.executable, "train.py", "trace_shapes=true", "logger=none", "model=decoder_only",
                           "pos=rotary", "task.batch_size=4", f"hydra.run.dir={ROOT}/outputs/.trace_test"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import scripts
 from wandb_reader import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def run(plugin: Path, *args: str, cwd: Path = ROOT, searchpath_override: bool = 
         args = (f"hydra.searchpath=[file://{plugin / 'conf'}]", *args)
     else:
         env["ARCHSWEEP_CONFIG_PATH"] = str(plugin / "conf")
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+    return scripts.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -140,7 +141,7 @@ def test_a_variant_yaml_without_its_package_line_is_refused(plugin, tmp_path):
     (bad / "headless.yaml").write_text("# a comment first, so Hydra does not see the package line\n" + POS_YAML)
     env = {**os.environ, "PYTHONPATH": str(plugin), "WANDB_MODE": "disabled",
            "ARCHSWEEP_CONFIG_PATH": str(tmp_path / "conf")}
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "pos=headless", "logger=csv",
+    out = scripts.run([sys.executable, str(ROOT / "train.py"), "pos=headless", "logger=csv",
                           f"output_root={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "conf/pos/<option>.yaml must begin with the line '# @package model.pos'" in out.stderr

@@ -7,7 +7,6 @@ import hashlib
 import io
 import os
 import socket
-import subprocess
 import sys
 import tarfile
 import threading
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import scripts
 
 from archsweep.core.data import fetch, paths
 from archsweep.core.data.fetch import CORPORA, Corpus, Download, FetchError
@@ -162,11 +162,11 @@ def test_train_py_data_dir_points_at_a_copy_and_an_empty_one_is_one_line_error(t
     env = {**os.environ, paths.DATA_ENV: str(tmp_path / "empty"), "ARCHSWEEP_CACHE_DIR": str(tmp_path / "cache")}
     base = [sys.executable, "train.py", "task=shakespeare_char", "model=decoder_only", "trace_shapes=true",
             "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
-    out = subprocess.run([*base, f"data_dir={copy}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    out = scripts.run([*base, f"data_dir={copy}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert out.stdout.lstrip().startswith("shape trace") or "shape trace" in out.stdout
     assert not (tmp_path / "run").exists()  # trace_shapes leaves no run directory
-    out = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    out = scripts.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 1
     error = out.stderr.strip().splitlines()
     assert len(error) == 1 and "python -m archsweep.core.data.fetch shakespeare" in error[0], out.stderr

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
+import scripts
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -157,7 +157,7 @@ def test_a_sigterm_leaves_an_interrupted_run_whose_resume_equals_the_uninterrupt
 
 def test_evaluate_reads_the_sharded_run(reference, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"ckpt={reference}", "decode_limit=4"],
+    out = scripts.run([sys.executable, str(ROOT / "evaluate.py"), f"ckpt={reference}", "decode_limit=4"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     written = sorted((reference / "checkpoints").glob("best.eval*.json"))

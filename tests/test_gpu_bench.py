@@ -3,17 +3,17 @@ prints every figure the GPU run prints and writes the JSON and markdown table (n
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_bench_tiny_runs_every_stage_on_cpu_and_writes_json_and_markdown(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--out", str(tmp_path / "check")],
+    out = scripts.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--out", str(tmp_path / "check")],
                          cwd=ROOT, capture_output=True, text=True, timeout=1800,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 
 from archsweep.core.data.codec import codec_from_state
@@ -222,7 +223,6 @@ def test_train_starts_from_a_hugging_face_folder(tmp_path):
     """train.py model.init_from=<folder>: the folder sets the model (the defaults' post-norm, sinusoidal
     positions and sizes give way), the checkpoint's logits are the Hugging Face model's (lr ~0); a contradicting
     option is refused before training."""
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -235,14 +235,14 @@ def test_train_starts_from_a_hugging_face_folder(tmp_path):
     args = [sys.executable, "train.py", "task=reverse", "model=decoder_only", f"model.init_from={folder}",
             "optim.lr=1e-12", "trainer.max_steps=2", "task.batch_size=8", "task.max_len=8", "task.val_batches=1",
             "task.test_batches=1", "trainer.val_check_interval=2", "logger=csv", f"hydra.run.dir={tmp_path / 'run'}"]
-    out = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=300)
+    out = scripts.run(args, cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     model = load_model(tmp_path / "run" / "checkpoints" / "best.ckpt")
     assert (model.config.n_layers, model.config.kv_heads, model.config.choice("norm")) == (2, 2, "pre")
     tokens = torch.randint(0, 20, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), ref(tokens).logits, atol=1e-5, rtol=1e-5)
-    clash = subprocess.run([*args[:-1], "model.n_layers=3", f"hydra.run.dir={tmp_path / 'clash'}"], cwd=root,
+    clash = scripts.run([*args[:-1], "model.n_layers=3", f"hydra.run.dir={tmp_path / 'clash'}"], cwd=root,
                            capture_output=True, text=True, timeout=300)
     assert clash.returncode != 0
     assert "n_layers=3 (the folder's config.json: 2)" in clash.stdout + clash.stderr

@@ -9,11 +9,11 @@ import csv
 import inspect
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
@@ -292,7 +292,7 @@ def test_a_toy_mixture_of_experts_trains_from_one_py_and_one_yaml(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "ARCHSWEEP_CONFIG_PATH": str(tmp_path / "conf"),
            "ARCHSWEEP_CACHE_DIR": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "ffn=toy_experts",
+    out = scripts.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "ffn=toy_experts",
                           "z_loss=palm", "trainer.max_steps=4", "trainer.log_every_n_steps=2",
                           "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0",
                           f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 
 from archsweep.core.data.codec import codec_from_state
@@ -23,7 +24,7 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=6
 
 def run(script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    out = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = scripts.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -140,7 +141,7 @@ def test_validation_decodes_and_logs_examples_to_wandb(tmp_path):
     env.pop("WANDB_API_KEY", None)
     args = [a for a in TINY if a != "logger=none"] + ["eval.decode_samples=8", "eval.show_examples=2",
                                                       f"hydra.run.dir={tmp_path}"]
-    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = scripts.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "decoded 8 validation examples (greedy, at most" in out.stdout + out.stderr

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import scripts
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
@@ -130,7 +131,7 @@ def unreachable_dataset_run(tmp_path, *command: str, **env: str) -> subprocess.C
                                                        "test_split": "test", **TASKS["local_choice"]}))
     run, _ = save_run(tmp_path, LLAMA, bpe_codec())
     base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    return subprocess.run([sys.executable, *(c.format(run=run, tasks=tasks) for c in command)], capture_output=True,
+    return scripts.run([sys.executable, *(c.format(run=run, tasks=tasks) for c in command)], capture_output=True,
                           text=True, timeout=300, env={**base, "HF_ENDPOINT": f"http://127.0.0.1:{closed}",
                                                        "HF_HOME": str(tmp_path / "hf_home"), **env})
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 import torch.nn.functional as F
 from torch.utils import flop_counter
@@ -307,7 +307,7 @@ def test_a_forward_under_torch_compile_equals_eager():
                                             ("encoder_only", "is_sorted")])
 def test_train_py_logs_aux_losses_expert_load_and_active_parameters(tmp_path, kind, task):
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", f"model={kind}", f"task={task}",
+    out = scripts.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", f"model={kind}", f"task={task}",
                           "ffn=moe", "model.ffn.n_experts=4", "model.ffn.capacity_factor=1.0",
                           "model.ffn.bias_update_rate=0.001", "trainer.max_steps=4", "trainer.log_every_n_steps=2",
                           "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0",
@@ -336,7 +336,7 @@ def test_ddp_trains_with_the_bias_update_summed_over_ranks(tmp_path):
            "trainer.val_check_interval=4", "logger=csv", "eval.decode_samples=0", f"hydra.run.dir={run_dir}",
            f"output_root={tmp_path}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = scripts.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["world_size"] == 2 and results["steps"] == 4

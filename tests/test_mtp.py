@@ -7,11 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -202,7 +202,7 @@ def test_with_document_masking_positions_see_only_their_document_and_skip_target
 def test_train_py_runs_with_mtp_and_latent_attention_and_logs_the_loss(tmp_path):
     env = {**os.environ, "ARCHSWEEP_CACHE_DIR": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "model=decoder_only",
+    out = scripts.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "model=decoder_only",
                           "mtp=deepseek_v3", "model.plugins.mtp.depths=2", "attention=mla", "pos=rotary",
                           "trainer.max_steps=4", "trainer.log_every_n_steps=2", "trainer.val_check_interval=4",
                           "logger=csv", "eval.decode_samples=0", f"hydra.run.dir={run_dir}", f"output_root={tmp_path}"],

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -227,11 +228,10 @@ def test_the_scan_catches_a_list_of_option_names(tmp_path):
 
 def test_export_hf_refuses_a_run_before_its_first_step_naming_each_option(tmp_path):
     import os
-    import subprocess
     import sys
 
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "model=decoder_only", "norm=pre", "pos=rotary",
+    out = scripts.run([sys.executable, str(ROOT / "train.py"), "model=decoder_only", "norm=pre", "pos=rotary",
                           "ffn=swiglu", "norm_type=rmsnorm", "attn_gate=elementwise", "export=hf", "logger=csv",
                           f"output_root={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scripts
 
 from archsweep.core.data import paths, prepare
 from archsweep.core.data.shards import open_shards
@@ -219,8 +220,8 @@ def test_killed_and_resumed_equals_an_uninterrupted_run(tmp_path, tokenizer):
     done = [s["file"] for shards in meta["splits"].values() for s in shards]
     assert done, "killed before any shard was recorded"
     stats = {f: ((out / f).stat().st_ino, (out / f).stat().st_mtime_ns) for f in done}
-    subprocess.run([*args, "--out", str(out)], check=True, capture_output=True)
-    subprocess.run([*args, "--out", str(whole)], check=True, capture_output=True)
+    scripts.run([*args, "--out", str(out)], check=True, capture_output=True)
+    scripts.run([*args, "--out", str(whole)], check=True, capture_output=True)
     assert {f: ((out / f).stat().st_ino, (out / f).stat().st_mtime_ns) for f in done} == stats
     names = sorted(p.name for p in whole.iterdir())
     assert sorted(p.name for p in out.iterdir()) == names and len(names) > len(done) + 2

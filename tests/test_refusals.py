@@ -12,12 +12,12 @@ import io
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import scripts
 import torch
 from test_safe_loading import write_checkpoint
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(script: str, *args: str, extra_env: dict[str, str] | None = None, cwd: Path = ROOT):
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True,
+    return scripts.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
 
 

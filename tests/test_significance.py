@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 from hydra import compose, initialize_config_dir
 from test_compare import done, write_run
 
@@ -400,7 +400,7 @@ def test_a_baseline_that_leaves_keys_open_is_matched_on_them(tmp_path):
 
 
 def test_compare_py_exits_2_on_a_baseline_matching_no_cell(tmp_path):
-    out = subprocess.run([sys.executable, "compare.py", str(grid(tmp_path)), "--no-plots", "--baseline", "norm=deep"],
+    out = scripts.run([sys.executable, "compare.py", str(grid(tmp_path)), "--no-plots", "--baseline", "norm=deep"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert "error: --baseline 'norm=deep' matches none of the cells" in out.stderr and "Traceback" not in out.stderr

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 
 from archsweep.core.train.runs.runinfo import RunInfo
 from archsweep.core.train.runs.sweep import LAUNCH_ENV, failure_line, format_errors, format_table, job_ranges
@@ -27,7 +28,7 @@ MISSING = "ConfigError: task: task.path=/nonexistent/x.txt: /nonexistent/x.txt n
 def run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop(LAUNCH_ENV, None)
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return scripts.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=400)
 
 

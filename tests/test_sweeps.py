@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 from omegaconf import OmegaConf
 from wandb_reader import read_run
 
@@ -26,7 +27,7 @@ TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "task.batch_size
 def run(script: str, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop("WANDB_API_KEY", None)
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return scripts.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 

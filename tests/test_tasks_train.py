@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import scripts
 
 pytestmark = pytest.mark.slow  # train.py subprocesses
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def train(*args: str, check: bool = True, timeout: int = 900, cache: Path | None
     env = {**os.environ, "WANDB_MODE": "disabled"}
     if cache is not None:
         env["ARCHSWEEP_CACHE_DIR"] = str(cache)
-    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = scripts.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=timeout)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name != "hydra")  # every group
@@ -17,7 +18,7 @@ GROUPS = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.na
 
 def train(*args: str, tmp_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(extra_env or {})}
-    return subprocess.run([sys.executable, "train.py", *args, f"output_root={tmp_path}"], cwd=ROOT, env=env,
+    return scripts.run([sys.executable, "train.py", *args, f"output_root={tmp_path}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,7 +45,7 @@ GROUPS = {"model", *AXES, *PLUGIN.names(), "task", "optim", "schedule", "trainer
 def train(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     env.pop("WANDB_API_KEY", None)
-    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = scripts.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=timeout)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scripts
 import torch
 
 from archsweep.core.model.build import ModelConfig, build_model
@@ -358,7 +359,7 @@ def test_shape_trace_shows_the_patch_embedding():
 
 def run_train(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=cwd, capture_output=True,
+    return scripts.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env=env)
 
 
@@ -385,7 +386,7 @@ def test_train_py_on_an_image_folder_writes_results_files_wandb_and_compare_rows
     keys = {k for row in read_run(files[0])["history"] for k in row}
     assert {"val/acc", "val/top5_acc", "test/acc", "test/top5_acc"} <= keys, sorted(keys)
     assert {"diag/patch_attention/filenames", "test/confusion_matrix/filenames"} <= keys, sorted(keys)  # images
-    out = subprocess.run([sys.executable, str(ROOT / "compare.py"), str(run_dir), "--metrics", "val/acc,test/acc",
+    out = scripts.run([sys.executable, str(ROOT / "compare.py"), str(run_dir), "--metrics", "val/acc,test/acc",
                           "--target", "none"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "test/acc" in out.stdout, out.stdout + out.stderr
 
