@@ -30,6 +30,10 @@ def warm_up() -> None:
     import torchmetrics  # noqa: F401
 
 
+def python_path(env) -> list[str]:
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 def child(request: dict, fds: list[int], sock: socket.socket) -> None:
     """In the forked child: become `python <argv>` and run the script; its SystemExit ends the interpreter."""
     sock.close()
@@ -37,11 +41,13 @@ def child(request: dict, fds: list[int], sock: socket.socket) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
+    ours = python_path(os.environ)
     os.environ.clear()
     os.environ.update(request["env"])
     script = os.path.abspath(request["argv"][0])
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(script)  # as `python script.py` has it (the server's own folder was there)
+    # as `python script.py` has it: the script's folder (the server's own was there), then the run's PYTHONPATH
+    sys.path[:1 + len(ours)] = [os.path.dirname(script), *python_path(os.environ)]
     import runpy
 
     try:

@@ -10,7 +10,7 @@ the call asks for something the server does not do (input, file handles), when t
 once), and for every run when ARCHSWEEP_TEST_FRESH=1. Tests that signal or kill a run keep `subprocess.Popen`.
 
 One server per test process, started with its environment. A run's environment may differ from it only in the
-variables read at run time (RUNTIME_PREFIXES); a run with another PYTHONPATH, OMP_NUM_THREADS or
+variables read at run time (RUNTIME_PREFIXES) and PYTHONPATH; a run with another OMP_NUM_THREADS or
 PYTHONPROFILEIMPORTTIME, which the interpreter, torch and its libraries read at start-up, is a fresh process.
 """
 
@@ -38,7 +38,9 @@ START_TIMEOUT = 300  # seconds for a server's imports on a loaded machine
 
 
 def import_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(RUNTIME_PREFIXES)))
+    """What of an environment the server's start-up read: all but RUNTIME_PREFIXES, and PYTHONPATH (the child puts
+    a run's own in its sys.path where a fresh interpreter has it; the server imported nothing from there)."""
+    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(RUNTIME_PREFIXES) and k != "PYTHONPATH"))
 
 
 class Server:

@@ -99,6 +99,7 @@ def choices(combination: Combination, plugins: dict | None = None, **fields) -> 
                    plugins={name: PLUGIN.get(name) for name in chosen_plugins(combination, plugins)})
 
 
+@functools.cache
 def allowed(combination: Combination) -> bool:
     """Whether the rules across axes accept the combination (read from the classes: no model is validated)."""
     try:

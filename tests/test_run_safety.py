@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import scripts
 import torch
 from test_run_dirs import dead_pid
 
@@ -58,7 +59,10 @@ def finish(proc: subprocess.Popen, timeout: int = 240) -> tuple[int, str]:
 
 
 def train(tmp_path: Path, *args: str) -> tuple[int, str]:
-    return finish(launch(tmp_path, *args))
+    """A run to its end (`launch` for one to signal or to run beside another)."""
+    out = scripts.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env(tmp_path),
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    return out.returncode, out.stdout
 
 
 def rows(run_dir: Path) -> list[dict[str, str]]:

@@ -18,28 +18,39 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import atexit, json, os, signal, sys, time
+import probe_lib  # from the run's PYTHONPATH
 atexit.register(lambda: print("atexit ran", flush=True))
 print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "marker": os.environ.get("ARCHSWEEP_TEST_MARKER"),
-                  "path0": sys.path[0], "main": __name__,
+                  "path": sys.path[:3], "lib": probe_lib.WHERE, "main": __name__,
                   "torch_threads": __import__("torch").get_num_threads()}))
 print("to stderr", file=sys.stderr)
 mode = sys.argv[1]
+if mode == "ppid":
+    print("parent", os.getppid())
 if mode == "sleep":
     time.sleep(600)
 if mode == "kill":
     os.kill(os.getpid(), signal.SIGTERM)
 if mode == "raise":
     raise ValueError("the probe's error")
-sys.exit(int(mode))
+sys.exit(0 if mode == "ppid" else int(mode))
 """
 
 
 @pytest.fixture
 def probe(tmp_path: Path) -> Path:
     (tmp_path / "work").mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "probe_lib.py").write_text("WHERE = __file__\n")
     path = tmp_path / "probe.py"
     path.write_text(PROBE)
     return path
+
+
+def lib_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    """This process's environment with the probe's library folder first on PYTHONPATH."""
+    path = os.pathsep.join([str(tmp_path / "lib"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, **more}
 
 
 def both(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -48,37 +59,52 @@ def both(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subproc
 
 @pytest.mark.parametrize("mode", ["0", "3", "raise", "kill"])
 def test_a_served_script_ends_as_a_fresh_process_does(probe, tmp_path, mode):
-    env = {**os.environ, "ARCHSWEEP_TEST_MARKER": f"marker-{mode}"}
+    env = lib_env(tmp_path, ARCHSWEEP_TEST_MARKER=f"marker-{mode}")
     warm, fresh = both([sys.executable, str(probe), mode], cwd=tmp_path / "work", env=env, capture_output=True,
                        text=True, timeout=120)
     assert warm.returncode == fresh.returncode == {"0": 0, "3": 3, "raise": 1, "kill": -signal.SIGTERM}[mode]
-    assert warm.stdout == fresh.stdout  # argv, cwd, the environment's marker, sys.path[0], __main__, torch threads
+    assert warm.stdout == fresh.stdout  # argv, cwd, the marker, sys.path and PYTHONPATH, __main__, torch threads
     assert f'"marker": "marker-{mode}"' in warm.stdout and f'"cwd": "{tmp_path / "work"}"' in warm.stdout
+    assert f'"path": ["{tmp_path}", "{tmp_path / "lib"}"' in warm.stdout
     assert ("atexit ran" in warm.stdout) == (mode != "kill")
     assert warm.stderr == fresh.stderr
     if mode == "raise":
         assert "ValueError: the probe's error" in warm.stderr
 
 
+def test_a_run_is_served_unless_fresh_runs_are_asked_for(probe, tmp_path, monkeypatch):
+    def parent() -> int:
+        out = scripts.run([sys.executable, str(probe), "ppid"], cwd=tmp_path, env=lib_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, check=True)
+        return int(out.stdout.split("parent ")[1].split()[0])
+
+    assert parent() not in (os.getpid(), os.getppid())  # the server's child
+    monkeypatch.setenv(scripts.FRESH_ENV, "1")
+    assert parent() == os.getpid()
+
+
 def test_a_server_is_not_used_by_a_run_whose_interpreter_settings_differ(probe, tmp_path, monkeypatch):
     """A PYTHONPATH or thread count the server did not start with: the run is a fresh process (a fresh interpreter
     prints its own imports with PYTHONPROFILEIMPORTTIME; the server's child would print none)."""
-    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    env = lib_env(tmp_path, PYTHONPROFILEIMPORTTIME="1")
     out = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, env=env, capture_output=True, text=True,
                       timeout=120)
     assert out.returncode == 0 and "import time:" in out.stderr and "| torch" in out.stderr
 
 
 def test_stderr_into_stdout_and_a_timeout_as_subprocess_has_them(probe, tmp_path):
-    merged = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, stdout=subprocess.PIPE,
+    env = lib_env(tmp_path)
+    merged = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=120)
     assert "to stderr" in merged.stdout and "atexit ran" in merged.stdout and merged.stderr is None
     with pytest.raises(subprocess.TimeoutExpired):
-        scripts.run([sys.executable, str(probe), "sleep"], cwd=tmp_path, capture_output=True, timeout=3)
-    again = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, capture_output=True, check=True, timeout=120)
+        scripts.run([sys.executable, str(probe), "sleep"], cwd=tmp_path, env=env, capture_output=True, timeout=3)
+    again = scripts.run([sys.executable, str(probe), "0"], cwd=tmp_path, env=env, capture_output=True, check=True,
+                        timeout=120)
     assert b"atexit ran" in again.stdout  # the server goes on after a run it killed
     with pytest.raises(subprocess.CalledProcessError):
-        scripts.run([sys.executable, str(probe), "3"], cwd=tmp_path, capture_output=True, check=True, timeout=120)
+        scripts.run([sys.executable, str(probe), "3"], cwd=tmp_path, env=env, capture_output=True, check=True,
+                    timeout=120)
 
 
 @pytest.mark.slow

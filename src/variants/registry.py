@@ -139,18 +139,22 @@ class Registry(Generic[T]):
 
         return add
 
-    def names(self) -> list[str]:
+    def classes(self) -> dict[str, type[T]]:
         if not self._discovered:  # imports the variants (and torch): only once a variant is asked for
             self._discovered = True
             discover(self.package)
-        return sorted(self._classes)
+        return self._classes
+
+    def names(self) -> list[str]:
+        return sorted(self.classes())
 
     def get(self, name: str) -> type[T]:
-        names = self.names()
-        if name not in self._classes:
+        known = self.classes().get(name)
+        if known is None:
+            names = self.names()
             raise ValueError(f"{self.axis}={name!r} is not a known option; valid options: {', '.join(names)}"
                              f"{close_match(name, names)}")
-        return self._classes[name]
+        return known
 
     def name_of(self, cls: type) -> str:
         for name, known in self._classes.items():
