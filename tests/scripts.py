@@ -134,6 +134,14 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, **kwargs)
     try:
         return serve(server, [str(c) for c in cmd], env, kwargs)
+    except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
+        raise
+    except BaseException:  # stopped between its messages (an interrupt, a broken server): not to be asked again
+        with SERVER_LOCK:
+            if server in SERVER_NOW:
+                SERVER_NOW.remove(server)
+        server.close()
+        raise
     finally:
         server.lock.release()
 
@@ -166,8 +174,11 @@ def serve(server: Server, cmd: list[str], env: dict[str, str], kwargs: dict) -> 
         while returncode is None or reading:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                if returncode is None:
+                if returncode is None:  # else the run has ended (and its pid may be another's) and left a pipe open
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass  # it ended meanwhile; its code is on the way
                     server.answer()
                 raise subprocess.TimeoutExpired(cmd, timeout, bytes(pipes.get(out_r, b"")),
                                                 bytes(pipes.get(err_r, b"")))
