@@ -1,8 +1,9 @@
 """A warm interpreter for the test suite's script runs (`train.py`, `generate.py`, `evaluate.py`, `compare.py`,
-`bench/*.py`): started once per test process, it imports torch and what Lightning imports (about 6 s of every
-fresh process on a 2-core CPU) and forks one child per run. The child is a new process that runs the script as
-`__main__` with its own argv, working directory, environment and standard streams, exits with the script's code
-and runs its atexit hooks, as `python script.py ...` does; `tests/scripts.py` is the side a test calls.
+`bench/*.py`): started once per test process, it imports torch and torchmetrics (about 4 of the 6 s of imports of
+every fresh train.py process on a 2-core CPU) and forks one child per run. The child is a new process that runs
+the script as `__main__` with its own argv, working directory, environment and standard streams, exits with the
+script's code and runs its atexit hooks, as `python script.py ...` does; `tests/scripts.py` is the side a test
+calls.
 
 Only third-party modules are imported before the fork, and nothing is run with them: no torch thread pool exists
 to be copied, and the repository's own modules (whose import reads $ARCHSWEEP_CONFIG_PATH) load in the child.
