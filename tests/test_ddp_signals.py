@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import scripts
 from test_run_safety import LONG, ROOT, env, results
 from test_signals import signal_at
 
@@ -73,9 +74,9 @@ def stopped(tmp_path: Path, moment: str, signum: int, *args: str, timeout: float
     the signal to the end; on a hang, every process of the run is killed and the test fails."""
     (tmp_path / "pause_rank_zero.py").write_text(PAUSE)
     marker = tmp_path / "marker.txt"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
-                            env={**env(tmp_path), "ARCHSWEEP_TEST_MARKER": str(marker)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = scripts.popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
+                         env={**env(tmp_path), "ARCHSWEEP_TEST_MARKER": str(marker)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         sent = signal_at(proc, marker, moment, signum)
         out, _ = proc.communicate(timeout=timeout)

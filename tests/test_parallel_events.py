@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import scripts
 from test_run_safety import ROOT, env, results, rows, train
 
 pytestmark = pytest.mark.slow  # two train.py processes per run, twice
@@ -36,8 +37,8 @@ def killed_after_first_checkpoint(tmp_path: Path, run_dir: Path, *args: str, tim
     checkpoints/last.ckpt exists, and return what it printed."""
     console = tmp_path / "killed.txt"
     with open(console, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env(tmp_path),
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = scripts.popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env(tmp_path),
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout
         while not (run_dir / "checkpoints" / "last.ckpt").exists():

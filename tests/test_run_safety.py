@@ -48,12 +48,13 @@ def env(tmp_path: Path) -> dict[str, str]:
     return out
 
 
-def launch(tmp_path: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def launch(tmp_path: Path, *args: str):
+    """A run to signal or to run beside another: a Popen (served warm, tests/scripts.py)."""
+    return scripts.popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env(tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen, timeout: int = 240) -> tuple[int, str]:
+def finish(proc, timeout: int = 240) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
 
@@ -182,7 +183,7 @@ def test_two_sweeps_in_one_directory_one_is_refused(tmp_path):
         assert not (sweep_dir / ".lock").exists()
 
 
-def signal_when(proc: subprocess.Popen, log: Path, text: str, signum: int, timeout: float = 120) -> None:
+def signal_when(proc, log: Path, text: str, signum: int, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if log.is_file() and text in log.read_text():

@@ -1,5 +1,6 @@
-"""The warm script runner (`scripts.run`) against `subprocess.run`: the same script, arguments and environment give
-the same exit code, output and files, with the run's own process, working directory and environment."""
+"""The warm script runner (`scripts.run`, `scripts.popen`) against `subprocess`: the same script, arguments and
+environment give the same exit code, output and files, with the run's own process, working directory, environment
+and (when asked) session, signalled and killed as a Popen is."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ mode = sys.argv[1]
 if mode == "ppid":
     print("parent", os.getppid())
 if mode == "sleep":
+    open("ready", "w").close()
     time.sleep(600)
 if mode == "kill":
     os.kill(os.getpid(), signal.SIGTERM)
@@ -105,6 +108,57 @@ def test_stderr_into_stdout_and_a_timeout_as_subprocess_has_them(probe, tmp_path
     with pytest.raises(subprocess.CalledProcessError):
         scripts.run([sys.executable, str(probe), "3"], cwd=tmp_path, env=env, capture_output=True, check=True,
                     timeout=120)
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def when_ready(proc, folder: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (folder / "ready").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the probe never got to its sleep"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_served_run_is_signalled_in_its_own_session_as_a_popen_one_is(probe, tmp_path, signum):
+    results = {}
+    for name, start in (("warm", scripts.popen), ("fresh", subprocess.Popen)):
+        work = tmp_path / name
+        work.mkdir()
+        proc = start([sys.executable, str(probe), "sleep"], cwd=work, env=lib_env(tmp_path), stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        when_ready(proc, work)
+        served = parent_of(proc.pid) != os.getpid()
+        assert os.getpgid(proc.pid) == proc.pid  # its own process group, as start_new_session gives
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=0.2)  # still sleeping; a later communicate has all of it
+        assert proc.poll() is None
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+        results[name] = served, proc.returncode, out.replace(str(work), "WORK"), err
+    assert results["warm"][0] and not results["fresh"][0]
+    # an uncaught KeyboardInterrupt prints its traceback, runs the atexit hooks, then ends Python by SIGINT too
+    assert results["warm"][1:] == results["fresh"][1:] and results["warm"][1] == -signum
+    assert ("atexit ran" in results["warm"][2]) == (signum == signal.SIGINT)
+    assert ("KeyboardInterrupt" in results["warm"][2]) == (signum == signal.SIGINT)
+
+
+def test_served_runs_go_side_by_side_and_end_each_with_its_own_code(probe, tmp_path):
+    procs = {}
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        procs[name] = scripts.popen([sys.executable, str(probe), "sleep"], cwd=tmp_path / name, env=lib_env(tmp_path),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for name, proc in procs.items():
+        when_ready(proc, tmp_path / name)
+    assert parent_of(procs["one"].pid) == parent_of(procs["two"].pid) != os.getpid()  # both served, at once
+    procs["two"].kill()
+    assert procs["two"].wait(timeout=60) == -signal.SIGKILL and procs["one"].poll() is None
+    procs["one"].terminate()
+    assert procs["one"].wait(timeout=60) == -signal.SIGTERM
+    assert procs["one"].communicate() == (None, None)
 
 
 @pytest.mark.slow
