@@ -8,11 +8,29 @@ mark cannot be lost in a merge. Other modules mark their own (`pytestmark = pyte
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
-import pytest
+# The libraries' caches (torch's compiled kernels, Hugging Face datasets, W&B, matplotlib) in one folder of this
+# test session's own, made by its first pytest process (xdist workers and the processes tests start inherit it),
+# removed at its end: never ~/.cache or /tmp/torchinductor_<user>, where an earlier session's kernels or tokenized
+# datasets would make a test fast, or pass, on what it did not make itself. Set before anything imports torch.
+SESSION_CACHES = "ARCHSWEEP_TEST_CACHES"
+if SESSION_CACHES not in os.environ:
+    os.environ[SESSION_CACHES] = tempfile.mkdtemp(prefix="archsweep-test-caches-")
+    atexit.register(shutil.rmtree, os.environ[SESSION_CACHES], ignore_errors=True)
+    for var, folder in {"XDG_CACHE_HOME": "xdg", "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+                        "TRITON_CACHE_DIR": "triton", "HF_HOME": "huggingface", "MPLCONFIGDIR": "matplotlib",
+                        "WANDB_CACHE_DIR": "wandb", "WANDB_CONFIG_DIR": "wandb-config",
+                        "WANDB_DATA_DIR": "wandb-data"}.items():
+        os.environ[var] = os.path.join(os.environ[SESSION_CACHES], folder)
 
-import archsweep.core.train.config.schemas  # noqa: F401  (registers the config groups' schemas, which the yaml files name)
+import pytest  # noqa: E402
+
+# registers the config groups' schemas, which the yaml files name
+import archsweep.core.train.config.schemas  # noqa: E402, F401
 
 # skip_policy: a skip not on its allow-list fails the run; pytester: test_skip_policy.py runs pytest on examples
 pytest_plugins = ["skip_policy", "pytester"]
