@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import scripts
 
+pytestmark = pytest.mark.slow  # script processes, served and fresh (only the slow tests start them)
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
@@ -161,7 +162,6 @@ def test_served_runs_go_side_by_side_and_end_each_with_its_own_code(probe, tmp_p
     assert procs["one"].communicate() == (None, None)
 
 
-@pytest.mark.slow
 def test_a_served_training_run_equals_a_fresh_one(tmp_path):
     """A tiny train.py run both ways: the same losses at every step bit for bit, the same console but for the
     run's folder, figures and the speed test's line (the first run measures, the second reads what it saved)."""
