@@ -82,12 +82,34 @@ SLOW = {
 }
 
 
+# the tests that signal or kill a run (`-m signals`: issue 39 asks for 20 rounds of them in a row under load)
+SIGNALS = {
+    "test_signals.py": "*", "test_ddp_signals.py": "*", "test_parallel_events.py": "*",
+    "test_run_safety.py": {"test_a_signal_stops_with_a_checkpoint_and_resumes_exactly_in_place",
+                           "test_resume_continues_an_interrupted_run_in_its_directory_with_the_uninterrupted_losses",
+                           "test_an_interrupted_sweep_cell_resumes_with_its_whole_history",
+                           "test_a_submitit_job_signalled_as_slurm_does_is_interrupted_then_resumed_by_the_rerun",
+                           "test_a_data_parallel_run_signalled_stops_interrupted_and_resumes"},
+    "test_fsdp.py": {"test_a_sigterm_leaves_an_interrupted_run_whose_resume_equals_the_uninterrupted_one"},
+    "test_tokens_train.py": {"test_a_run_stopped_and_resumed_trains_on_the_batches_of_the_uninterrupted_run"},
+    "test_wsd.py": {
+        "test_a_signal_a_branch_noted_in_its_last_step_stops_before_the_next_branch_with_that_branch_recorded",
+        "test_stop_on_signal_reports_a_signal_it_could_not_act_on"},
+    "test_branches.py": {"test_a_run_stopped_during_a_branch_completes_the_missing_ones_once"},
+    "test_slurm.py": {"test_only_submitits_preemption_signal_is_handed_to_its_requeue",
+                      "test_a_two_process_cell_preempted_is_requeued_and_resumes_at_its_step"},
+    "test_prepare.py": {"test_killed_and_resumed_equals_an_uninterrupted_run"},
+    "test_sweep_console.py": {"test_a_joblib_sweep_re_run_to_resume_prints_no_library_line_a_user_cannot_act_on"},
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        slow = SLOW.get(item.path.name)
         name = getattr(item, "originalname", item.name)
-        if slow == "*" or (slow and name in slow):
-            item.add_marker(pytest.mark.slow)
+        for marks, marker in ((SLOW, pytest.mark.slow), (SIGNALS, pytest.mark.signals)):
+            chosen = marks.get(item.path.name)
+            if chosen == "*" or (chosen and name in chosen):
+                item.add_marker(marker)
 
 
 @pytest.fixture(autouse=True, scope="session")

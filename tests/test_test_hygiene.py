@@ -80,3 +80,18 @@ def test_the_scan_finds_private_reads_and_passes_public_ones():
                                               "lm_eval._cli", "torch._dynamo", "transformers.models._private"]
     assert private_reads("self._cache\ncls._registry\ncfg.task._target_\nx.__class__\ngetattr(x, 'name')\n"
                          "import lm_eval.__main__\nfrom lightning.pytorch import Trainer\n") == []
+
+
+def test_every_test_conftest_marks_by_name_exists():
+    """conftest.py marks tests `slow` and `signals` by module and function name: a renamed test would silently lose
+    its mark (a slow test in the quick subset, a signal test out of the loop)."""
+    import conftest
+
+    for marks in (conftest.SLOW, conftest.SIGNALS):
+        for module, names in marks.items():
+            assert (TESTS / module).is_file(), module
+            if names == "*":
+                continue
+            tree = ast.parse((TESTS / module).read_text())
+            defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+            assert names <= defined, (module, names - defined)
