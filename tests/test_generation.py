@@ -252,7 +252,9 @@ def test_a_compiled_model_decodes_the_same_tokens():
         compiled = run(model, cfg)
         assert torch.equal(compiled.tokens, plain.tokens)
         torch.testing.assert_close(compiled.scores, plain.scores)
-    assert graphs  # the decoding steps ran through compiled graphs
+    # the prompt, the first cached step, the later ones (the cached length symbolic), the uncached pass: not a graph
+    # per new token (there were 8, dynamo's recompile limit, after which it ran the remaining steps eagerly)
+    assert 1 <= len(graphs) <= 4, len(graphs)
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "decoding").glob("*.yaml")))

@@ -40,12 +40,18 @@ class AttnContext:
     doc_ids: Tensor | None = None  # (B, Tk) document of every key, cached first; a query sees only its own document
     sink: Tensor | None = None  # (H,) sink logits of the layer attending now (set by it: a plug-in's `sink()`)
     score_mod: Callable[[Tensor], Tensor] | None = None  # the layer's plug-ins' `score_mod` on the scores; None: off
-    memo: dict[Any, Any] = field(default_factory=dict)
+    # (key, value) pairs, found by equality, not by hashing: a key holds lengths (the cached length when decoding)
+    # that torch.compile(dynamic=True) keeps symbolic, and hashing one fixes its value, a recompile per new token
+    memo: list[tuple[Any, Any]] = field(default_factory=list)
+    full: tuple[Tensor | None, bool] | None = None  # full_mask's, asked by every layer
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
-        if key not in self.memo:
-            self.memo[key] = make()
-        return self.memo[key]
+        for known, value in self.memo:
+            if known == key:
+                return value
+        value = make()
+        self.memo.append((key, value))
+        return value
 
     def bias(self, n_keys: int) -> Tensor | None:
         """Score bias (1, H, Tq, n_keys) over the last n_keys keys (biases depend only on distances)."""
@@ -69,9 +75,9 @@ class AttnContext:
 
     def full_mask(self) -> tuple[Tensor | None, bool]:
         """(mask, is_causal) over every key so far: padding, causality and the score bias."""
-        full = self.memo.get("full")  # asked by every layer: no closure per call
+        full = self.full  # asked by every layer: no closure per call
         if full is None:
-            full = self.memo["full"] = self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
+            full = self.full = self_attn_mask(self.pad_mask, self.causal, self.q_len, self.k_len,
                                                       self.bias(self.k_len), self.device, self.same_doc(self.k_len))
         return full
 
