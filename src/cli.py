@@ -357,6 +357,9 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default: 0.05)")
     p.add_argument("--detect", type=float, metavar="D", help="with a baseline: also the seeds per cell needed to "
                    "detect a difference D of the sort metric with 80%% power")
+    p.add_argument("--wandb", metavar="MODE", choices=["off", "auto", "offline", "online"], default="off",
+                   help="also log the table and plots as one W&B run named comparison, in the runs' project and "
+                   "group: off (default), auto (online with credentials, else offline), offline, online")
     return p.parse_args(argv)
 
 
@@ -378,6 +381,25 @@ def compare_main(argv: list[str] | None = None) -> int:
         return 1
     print(terminal(report))
     print("\nwrote " + ", ".join(str(p) for p in written))
+    if args.wandb != "off":
+        return compare_wandb(report, written, args.wandb)
+    return 0
+
+
+def compare_wandb(report: Any, written: list[Path], mode: str) -> int:
+    """--wandb: the comparison as one W&B run; the files already written stay whatever happens."""
+    from archsweep.core.report import CompareError
+    from archsweep.core.report.wandb_log import WandbError, log_comparison
+
+    try:
+        where = log_comparison(report, written, mode)
+    except CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (WandbError, OSError) as e:
+        print(f"error: the W&B comparison run was not written: {e}", file=sys.stderr)
+        return 1
+    print(f"W&B comparison run: {where}" if where else "W&B comparison run: none (WANDB_MODE=disabled)")
     return 0
 
 
