@@ -356,7 +356,16 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "compare.baseline; 'none': no test)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default: 0.05)")
     p.add_argument("--detect", type=float, metavar="D", help="with a baseline: also the seeds per cell needed to "
-                   "detect a difference D of the sort metric with 80%% power")
+                   "detect a difference D of the sort metric with 80%% power (sequential: a comparison whose "
+                   "confidence sequence lies inside +-D ends as 'no difference as large as D'; default: the runs' "
+                   "compare.detect)")
+    p.add_argument("--sequential", action=argparse.BooleanOptionalAction, default=None,
+                   help="decide each comparison by seeds looked at in batches, with an always-valid test, and say "
+                   "which seeds the open ones need next (default: the runs' compare.sequential)")
+    p.add_argument("--max-seeds", type=int, metavar="N", help="sequential: the most seeds a comparison gets "
+                   "(default: the runs' compare.max_seeds, 10)")
+    p.add_argument("--seed-batch", type=int, metavar="N", help="sequential: seeds added between two looks (default: "
+                   "the runs' compare.seed_batch, 2)")
     p.add_argument("--wandb", metavar="MODE", choices=["off", "auto", "offline", "online"], default="off",
                    help="also log the table and plots as one W&B run named comparison, in the runs' project and "
                    "group: off (default), auto (online with credentials, else offline), offline, online")
@@ -371,7 +380,8 @@ def compare_main(argv: list[str] | None = None) -> int:
     try:
         tune = [] if args.no_tune else [k.strip() for k in args.tune.split(",") if k.strip()] if args.tune else None
         report = compare(args.sweeps, args.out, args.target, args.sort, metrics, args.group_by, args.scaling,
-                         args.scaling_metric, tune, args.baseline, args.alpha, args.detect)
+                         args.scaling_metric, tune, args.baseline, args.alpha, args.detect, args.sequential,
+                         args.max_seeds, args.seed_batch)
         written = write(report, plots=not args.no_plots, length_metric=args.length_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -307,7 +307,11 @@ def test_the_outputs_carry_the_tuned_values_and_the_tests(tmp_path):
     image = plt.imread(tmp_path / "out" / "comparison_sensitivity.png")
     assert image.shape[0] > 100 and image.std() > 0
     data = json.loads((tmp_path / "out" / "comparison.json").read_text())
-    assert data["tuning"] == {"keys": ["optim.lr"], "metric": "val/loss", "why": "the sort metric"}
+    # tuned on val/loss, so by default sorted and tested on the test split, not on the number that chose the rate
+    assert data["sort"]["key"] == "test/loss" and data["significance"]["biased"] is False
+    assert data["tuning"] == {"keys": ["optim.lr"], "metric": "val/loss",
+                              "why": "the validation split of the sort metric test/loss"}
+    assert any(n.startswith("sorted and tested on test/loss, not val/loss") for n in data["notes"])
     post = next(c for c in data["cells"] if c["cell"] == {"norm": "post"})
     assert post["tuned"]["chosen"] == {"optim.lr": "0.01"} and post["tuned"]["edges"] == {"optim.lr": "high"}
     assert [p["selection"]["mean"] for p in post["tuned"]["grid"]] == pytest.approx([1.505, 1.405, 1.305])
@@ -317,6 +321,17 @@ def test_the_outputs_carry_the_tuned_values_and_the_tests(tmp_path):
     assert rows[2].startswith("0,post,0.01,high,2,") and ",paired," in rows[2] and ",worse," in rows[2]
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "| 0.01 > |" in md and "| baseline |" in md
+
+
+def test_a_verdict_on_the_metric_that_chose_the_rate_is_marked_biased(tmp_path):
+    s = tuned_sweep(tmp_path, {"pre": dict(zip(LRS, (1.2, 1.0, 1.1), strict=True)),
+                               "post": dict(zip(LRS, (1.5, 1.4, 1.3), strict=True))})
+    report = compare([s], tune=["optim.lr"], baseline="norm=pre", sort="val/loss")
+    assert report.sort.key == "val/loss" and report.significance.biased
+    text = terminal(report)
+    assert "verdict (biased)" in text and "Biased: the verdicts are on val/loss, the metric that chose" in text
+    assert not compare([s], tune=["optim.lr"], baseline="norm=pre", sort="test/loss").significance.biased
+    assert not compare([s], baseline="norm=pre", sort="val/loss", tune=[]).significance.biased  # nothing tuned
 
 
 def test_the_runs_metric_sorts_and_stars_unless_sort_is_given(tmp_path):
@@ -450,7 +465,8 @@ def test_the_compare_block_is_typed_and_a_setting():
                    "compare.metric=test_long/acc")
     assert check_schemas(cfg).groups["compare"].tune == ["optim.lr"]
     assert compare_block(cfg) == {"tune": ["optim.lr"], "baseline": "norm=pre model.n_layers=6",
-                                  "metric": "test_long/acc"}
+                                  "metric": "test_long/acc", "detect": None, "sequential": False, "max_seeds": 10,
+                                  "seed_batch": 2}
     assert is_setting("compare.tune") and not is_setting("optim.lr")
 
 

@@ -29,6 +29,7 @@ from archsweep.core.report.plots import (
 from archsweep.core.report.render import COUNTS, Report, csv_text, estimated_mfu, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 from archsweep.core.report.scaling import plot_scaling, scaling_fits
+from archsweep.core.report.sequential import Design
 from archsweep.core.report.significance import against_baseline, find_baselines
 from archsweep.core.report.tuning import resolve_tune, selection_metric, tune_cell
 
@@ -152,7 +153,8 @@ def sort_within_tasks(cells: list, order: SortKey) -> list:
 def compare(sources: list[str | Path], out: str | Path | None = None, target: str | None = None,
             sort: str | None = None, metrics: list[str] | None = None, group_by: str | None = None,
             scaling: str | None = None, scaling_metric: str = "val/loss", tune: list[str] | None = None,
-            baseline: str | None = None, alpha: float = 0.05, detect: float | None = None) -> Report:
+            baseline: str | None = None, alpha: float = 0.05, detect: float | None = None,
+            sequential: bool | None = None, max_seeds: int | None = None, seed_batch: int | None = None) -> Report:
     """Read the runs under `sources` and build the report (nothing written; see `write`). target: e.g.
     'val/exact_match>=0.9', None for that default when logged, 'none' for no target column. sort: a column,
     e.g. 'val/loss' (default) or 'test/acc:max'. metrics: final metrics to show instead of the default ones.
@@ -161,8 +163,9 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     training compute (core/report/scaling.py). tune: keys tuned per cell, chosen on validation (None: the runs'
     compare.tune; []: none, every (cell, value) a row). baseline: a cell spec, e.g. 'norm=pre', every other cell is
     tested against on the sort metric (None: the runs' compare.baseline; 'none': no test); alpha: the significance
-    level; detect: a difference whose seeds per cell needed is reported. The runs' compare.metric is the default
-    sort."""
+    level; detect: a difference whose seeds per cell needed is reported (None: the runs' compare.detect); with
+    sequential (None: the runs' compare.sequential), each comparison is decided by the sequential design
+    (sequential.py) at max_seeds and seed_batch (None: the runs'). The runs' compare.metric is the default sort."""
     paths = [Path(s) for s in sources]
     loaded = [load_run(d) for d in run_dirs(paths)]
     runs = [x for x in loaded if isinstance(x, Run)]
@@ -184,6 +187,8 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     question = settings.get("metric") if sort is None else None
     order = choose_sort(sort, columns, available, tgt is not None, question, notes)
     asked = question is not None and order.key == question.partition(":")[0]
+    if tuned and sort is None and not asked:
+        order = held_out_sort(order, available, notes)
     if order.key not in columns and order.key != "target" and order.key in available:
         columns.append(order.key)
     routed = any(r.results.active_params not in (None, r.results.params) for r in runs)
@@ -202,12 +207,43 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     fits = scaling_fits(cells, scaling, keys, scaling_metric) if scaling is not None else []
     report = Report(paths, out_dir, keys, columns, ordered, tgt, order, skipped, notes, {}, scaling, fits,
                     scaling_metric, tuned, selection, sort_source="the preset's question" if asked else "")
-    add_significance(report, baseline, settings.get("baseline"), alpha, detect)
+    design = sequential_design(settings, sequential, max_seeds, seed_batch)
+    add_significance(report, baseline, settings.get("baseline"), alpha, detect, design, settings.get("detect"),
+                     sequential_asked=bool(sequential))
+    if report.significance is not None and selection is not None and selection.key == order.key:
+        report.significance.biased = True
     return report
 
 
+def held_out_sort(order: SortKey, available: list[str], notes: list[str]) -> SortKey:
+    """For a tuned comparison sorted by default: the test split of a validation sort metric, so that the number
+    that picks each cell's tuned value (on validation) is not the one that judges the cells."""
+    split, _, name = order.key.partition("/")
+    held_out = f"test/{name}"
+    if split != "val" or held_out not in available:
+        return order
+    notes.append(f"sorted and tested on {held_out}, not {order.key}: the tuned values are chosen on {order.key}, "
+                 f"and the number that picks a value must not be the one that judges it (--sort {order.key} to "
+                 "judge on it anyway, marked biased)")
+    return SortKey(held_out, order.lower_better)
+
+
+def sequential_design(settings: dict, sequential: bool | None, max_seeds: int | None,
+                      seed_batch: int | None) -> Design | None:
+    """The sequential design the flags ask for, else the one the runs' compare block names; None: fixed seeds."""
+    if not (sequential if sequential is not None else settings.get("sequential", False)):
+        return None
+    most = max_seeds if max_seeds is not None else settings.get("max_seeds", Design.max_seeds)
+    batch = seed_batch if seed_batch is not None else settings.get("seed_batch", Design.batch)
+    try:
+        return Design(max_seeds=int(most), batch=int(batch))
+    except ValueError as e:
+        raise CompareError(f"sequential seeds: {e}") from None
+
+
 def add_significance(report: Report, baseline: str | None, from_runs: str | None, alpha: float,
-                      detect: float | None) -> None:
+                      detect: float | None, design: Design | None = None, runs_detect: float | None = None,
+                      sequential_asked: bool = False) -> None:
     """Every cell against the baseline (--baseline, else the runs' compare.baseline; 'none': no test). A baseline
     the runs name that does not fit them (a part of a preset's grid re-run on its own, e.g. post-norm alone) is a
     note and no test: the table is still wanted; a --baseline that does not fit is an error."""
@@ -216,12 +252,17 @@ def add_significance(report: Report, baseline: str | None, from_runs: str | None
         try:
             wanted, bases = find_baselines(spec, report.cells, report.keys, report.tuned, name)
         except CompareError as e:
-            if baseline is not None or detect is not None:
+            if baseline is not None or detect is not None or sequential_asked:
                 raise
             report.notes.append(f"{e}. No significance test: the runs' baseline does not fit them (a part of "
                                 f"their grid?); --baseline tests against one of these cells")
             return
-        report.significance = against_baseline(report.cells, bases, report.sort, alpha, detect, wanted, report.keys)
+        detect = detect if detect is not None else runs_detect
+        report.significance = against_baseline(report.cells, bases, report.sort, alpha, detect, wanted, report.keys,
+                                               design)
+    elif design is not None and sequential_asked:
+        raise CompareError("sequential seeds decide comparisons against a baseline: add --baseline, e.g. "
+                           f"--baseline '{report.cells[0].label if report.cells and report.keys else 'norm=pre'}'")
     elif detect is not None:
         example = report.cells[0].label if report.cells and report.keys else "norm=pre"
         raise CompareError(f"--detect {detect:g} needs a baseline to test against: add --baseline, e.g. "

@@ -146,6 +146,10 @@ class Cell:
     def seeds(self) -> int:
         return len(self.of("completed"))
 
+    def seed_values(self) -> list[str]:
+        """The seeds the cell's runs (at its chosen tuned value) were started with, whatever their status."""
+        return [str(r.values["seed"]) for r in self.runs if r.values.get("seed") is not None]
+
     def reached(self) -> list[int]:
         return [s for s in self.target_steps if s is not None]
 

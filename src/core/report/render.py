@@ -142,10 +142,17 @@ def significance_columns(sig: Significance) -> list[tuple[str, Callable[[Cell], 
             return "-" if test is None else test.short or text(test)
         return head, show, right
 
-    cols = [col(f"diff ({sig.confidence:.0%} CI)", lambda t: f"{signed(t.diff)} [{signed(t.low)}, {signed(t.high)}]"),
+    interval = lambda t: f"{signed(t.diff)} [{signed(t.low)}, {signed(t.high)}]"
+    verdict = "verdict (biased)" if sig.biased else "verdict"
+    if sig.design is not None:
+        return [col(f"diff ({sig.confidence:.0%} CS)", interval),
+                col("p", lambda t: p_text(t.p)), col("p Bonf.", lambda t: p_text(t.p_bonferroni)),
+                col(verdict, lambda t: t.verdict or "-", False),
+                col("seeds used", lambda t: f"{t.seeds_used} ({t.looks} look{'s' * (t.looks != 1)})")]
+    cols = [col(f"diff ({sig.confidence:.0%} CI)", interval),
             col("test", lambda t: "paired" if t.paired else "Welch", False),
             col("p", lambda t: p_text(t.p)), col("p Holm", lambda t: p_text(t.p_holm)),
-            col("verdict", lambda t: t.verdict or "-", False),
+            col(verdict, lambda t: t.verdict or "-", False),
             col("MDE", lambda t: "-" if t.mde is None else f"{t.mde:.4g}")]
     if sig.detect is not None:
         cols.append(col(f"seeds for {sig.detect:g}", lambda t: "-" if t.seeds_needed is None else
@@ -235,6 +242,11 @@ def sort_text(report: Report) -> str:
 
 
 def significance_summary(sig: Significance, cells: list[Cell]) -> list[str]:
+    biased = [f"Biased: the verdicts are on {sig.metric.key}, the metric that chose each cell's tuned values, so a "
+              "cell's best of several values looks better than it is; judge on the test split (e.g. --sort "
+              f"test/{sig.metric.key.partition('/')[2]}) for an unbiased verdict."] if sig.biased else []
+    if sig.design is not None:
+        return sequential_summary(sig, cells) + biased
     tests = [c.test for c in cells if c.test is not None]
     family = sum(t.p is not None for t in tests)
     lines = [f"Against the baseline {sig.label} on {sig.metric.key}: the difference of means (cell - "
@@ -247,7 +259,53 @@ def significance_summary(sig: Significance, cells: list[Cell]) -> list[str]:
     if any(t.short == "1 seed" for t in tests) or (tests and any(b.seeds < 2 for b in sig.baselines)):
         lines.append("Significance needs >= 2 seeds per cell (the baseline's included): rows marked '1 seed' have "
                      "no test.")
+    return lines + biased
+
+
+def sequential_summary(sig: Significance, cells: list[Cell]) -> list[str]:
+    """What the sequential design did, and the seeds each open comparison needs next."""
+    design = sig.design
+    assert design is not None
+    looks = ", ".join(map(str, design.looks()))
+    equivalent = (f", inside +-{design.detect:g} (--detect) 'no difference as large as {design.detect:g}'"
+                  if design.detect is not None else " (--detect D also ends a comparison whose CS lies inside +-D)")
+    lines = [f"Against the baseline {sig.label} on {sig.metric.key}, sequentially (docs/training.md, Sequential "
+             f"seeds): paired differences in seed order, looked at after {looks} seeds; each comparison stops at "
+             f"the first look that decides. CS: the always-valid {sig.confidence:.0%} confidence sequence of the "
+             f"difference (cell - baseline) at level alpha/{design.comparisons} per comparison (Bonferroni over "
+             f"the table), so every verdict of the table holds together with probability >= {sig.confidence:.0%} "
+             f"however many looks were taken. 0 outside the CS decides better or worse{equivalent}. p: the "
+             "anytime-valid p-value (1 / the largest Bayes factor of the safe t-test so far)."]
+    waiting = [c for c in cells if c.test is not None and c.test.next_seeds is not None]
+    if waiting:
+        lines.append(f"{len(waiting)} comparison{'s are' if len(waiting) > 1 else ' is'} open: run the next seeds "
+                     f"of each (the same command with these values), then compare again:")
+        for cell in waiting:
+            have = cell.seed_values()
+            lines.append(f"  {cell.label}{chosen_text(cell)}: seed={','.join(next_seeds(have, cell.test.next_seeds))}")
+        for base in sig.baselines:
+            most = max((c.test.next_seeds for c in waiting if sig.baseline_of(c) is base), default=0)
+            missing = next_seeds(base.seed_values(), most)
+            if missing:
+                lines.append(f"  {base.label}{chosen_text(base)} (baseline): seed={','.join(missing)}")
     return lines
+
+
+def chosen_text(cell: Cell) -> str:
+    tuning = cell.tuning
+    if tuning is None or tuning.chosen is None:
+        return ""
+    return " " + " ".join(f"{k}={v}" for k, v in tuning.chosen.values.items())
+
+
+def next_seeds(have: list[str], total: int) -> list[str]:
+    """The smallest whole-number seeds not yet run that bring `have` up to `total`."""
+    taken, out, seed = set(have), [], 0
+    while len(taken) + len(out) < total:
+        if str(seed) not in taken:
+            out.append(str(seed))
+        seed += 1
+    return out
 
 
 def scaling_lines(report: Report) -> list[str]:
@@ -298,6 +356,8 @@ def csv_text(report: Report) -> str:
     sig = report.significance
     tests = ["diff", "ci_low", "ci_high", "test", "p", "p_holm", "verdict", "mde"] if sig else []
     tests += ["seeds_needed"] if sig and sig.detect is not None else []
+    if sig and sig.design is not None:
+        tests = ["diff", "cs_low", "cs_high", "test", "p", "p_bonferroni", "verdict", "seeds_used", "looks"]
     writer.writerow(["best", *report.keys, *tuned, "seeds", *stats, *target, *tests, "diverged", "failed"])
     for c in report.cells:
         st = [x for k in report.columns for x in (c.stats[k].mean, c.stats[k].std)]
@@ -323,6 +383,8 @@ def test_csv(cell: Cell, sig: Significance) -> list[Any]:
     t = cell.test
     if t is None or t.short is not None:
         return ["", "", "", "", "", "", t.short if t else "", "", ""]
+    if sig.design is not None:
+        return [t.diff, t.low, t.high, "sequential", t.p, t.p_bonferroni, t.verdict, t.seeds_used, t.looks]
     return [t.diff, t.low, t.high, "paired" if t.paired else "welch", t.p, t.p_holm, t.verdict, t.mde,
             t.seeds_needed]
 
@@ -360,7 +422,11 @@ def significance_json(sig: Significance | None) -> dict[str, Any] | None:
     if sig is None:
         return None
     return {"baseline": sig.spec, "baselines": [b.values for b in sig.baselines], "metric": vars(sig.metric),
-            "alpha": sig.alpha, "confidence": sig.confidence, "detect": sig.detect, "power": POWER}
+            "alpha": sig.alpha, "confidence": sig.confidence, "detect": sig.detect, "power": POWER,
+            "biased": sig.biased,
+            "sequential": None if sig.design is None else
+            {"looks": sig.design.looks(), "comparisons": sig.design.comparisons, "level": sig.design.level,
+             "max_seeds": sig.design.max_seeds, "test": "safe paired t-test, confidence sequence (Bonferroni)"}}
 
 
 def tuned_json(cell: Cell) -> dict[str, Any] | None:

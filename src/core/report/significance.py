@@ -18,6 +18,7 @@ from scipy import optimize, stats
 
 from archsweep.core.report.cells import Cell, SortKey
 from archsweep.core.report.runs import CompareError, canon, metric
+from archsweep.core.report.sequential import EQUIVALENT, HIGHER, LOWER, MAXIMUM, OPEN, Design, sequence
 
 POWER = 0.8
 MAX_SEEDS = 2**20  # seeds_needed gives up (None) beyond this
@@ -135,6 +136,12 @@ class Contrast:
     mde: float | None = None  # minimum detectable effect at these seeds (80% power)
     seeds_needed: int | None = None  # per cell, to detect --detect D
     short: str | None = None
+    # sequential seeds (sequential.py): the seeds the decision used, the looks taken, the anytime-valid p times the
+    # table's comparisons, and the seeds the next look needs (open comparisons only)
+    seeds_used: int | None = None
+    looks: int | None = None
+    p_bonferroni: float | None = None
+    next_seeds: int | None = None
 
 
 def samples(cell: Cell, key: str) -> list[tuple[Any, float]]:
@@ -181,6 +188,8 @@ class Significance:
     detect: float | None
     spec: dict[str, str] = field(default_factory=dict)  # the baseline as given: {key: value}
     open_keys: list[str] = field(default_factory=list)  # compared keys the spec does not name (matched per cell)
+    design: Design | None = None  # sequential seeds: each comparison looked at after each batch (sequential.py)
+    biased: bool = False  # the metric tested is the one the tuned values were chosen on
 
     @property
     def confidence(self) -> float:
@@ -236,7 +245,7 @@ def find_baselines(spec: str, cells: list[Cell], keys: list[str], tuned: list[st
 
 def against_baseline(cells: list[Cell], baselines: list[Cell], order: SortKey, alpha: float,
                      detect: float | None, spec: dict[str, str] | None = None,
-                     keys: list[str] | None = None) -> Significance:
+                     keys: list[str] | None = None, design: Design | None = None) -> Significance:
     """Every other cell's Contrast against its baseline on the sort metric (stored on the cell), Holm-adjusted
     across the cells that have a p-value, with a verdict. With several baselines (a spec that leaves `keys` open),
     a cell's baseline is the one that shares its values of the open keys; a cell with none says 'no baseline'."""
@@ -251,6 +260,16 @@ def against_baseline(cells: list[Cell], baselines: list[Cell], order: SortKey, a
     spec = spec or {}
     sig = Significance(baselines, order, alpha, detect, spec, [k for k in keys or [] if k not in spec])
     tested = [c for c in cells if not sig.is_baseline(c)]
+    if design is not None:
+        family = sum(sig.baseline_of(c) is not None for c in tested)
+        sig.design = Design(alpha, detect, design.start, design.batch, design.max_seeds, max(1, family),
+                            design.scales)
+        for cell in tested:
+            base = sig.baseline_of(cell)
+            cell.test = (Contrast(cell.seeds, 0, short="no baseline") if base is None else
+                         sequential_against(samples(cell, order.key), samples(base, order.key), sig.design,
+                                            order.lower_better))
+        return sig
     for cell in tested:
         base = sig.baseline_of(cell)
         if base is None:
@@ -270,3 +289,39 @@ def against_baseline(cells: list[Cell], baselines: list[Cell], order: SortKey, a
         else:
             test.verdict = f"no detectable difference at alpha={alpha:g}"
     return sig
+
+
+def sequential_against(cell: list[tuple[Any, float]], base: list[tuple[Any, float]], design: Design,
+                       lower_better: bool) -> Contrast:
+    """The cell against its baseline by the sequential design: paired differences in seed order, looked at after
+    each batch, stopped at the first decision (seeds past it are not used)."""
+    by_seed = dict(base)
+    shared = sorted((s for s, _ in cell if s in by_seed), key=seed_order)
+    test = Contrast(len(cell), len(base), paired=True)
+    if len({s for s, _ in cell}) != len(cell) or None in by_seed or not shared:
+        test.short = "no shared seeds" if not shared else "repeated seeds"
+        return test
+    values = dict(cell)
+    diffs = [values[s] - by_seed[s] for s in shared]
+    if len(diffs) < design.start:
+        test.short = f"{len(diffs)} shared seed{'s' * (len(diffs) != 1)}"
+        test.next_seeds = design.start
+        return test
+    out = sequence(diffs, design)
+    last = out.looks[-1]
+    test.diff, test.low, test.high = last.diff, last.low, last.high
+    test.p, test.p_bonferroni = out.p, min(1.0, out.p * design.comparisons)
+    test.seeds_used, test.looks, test.next_seeds = out.seeds, len(out.looks), out.next_seeds
+    better = HIGHER if not lower_better else LOWER
+    test.verdict = {HIGHER: "better" if better == HIGHER else "worse", LOWER: "better" if better == LOWER else "worse",
+                    EQUIVALENT: f"no difference as large as {design.detect:g}",
+                    MAXIMUM: f"undecided at {out.seeds} seeds (the most)",
+                    OPEN: f"open: look again at {out.next_seeds} seeds"}[out.decision]
+    return test
+
+
+def seed_order(seed: Any) -> tuple[int, float, str]:
+    try:
+        return (0, float(seed), "")
+    except (TypeError, ValueError):
+        return (1, 0.0, str(seed))

@@ -82,14 +82,16 @@ def resolve_tune(asked: list[str] | None, from_runs: list[str], keys: list[str],
 
 def tune_cell(cell: Cell, keys: list[str], selection: Selection) -> None:
     """Group the cell's runs by their tuned values, choose the one with the best mean of the selection metric over
-    its completed runs (validation only), and keep that value's runs as the cell's; the others stay in
-    cell.others (counted, plotted in the sensitivity plot)."""
+    its completed runs (validation only; over the seeds every value ran, when some ran more), and keep that value's
+    runs as the cell's; the others stay in cell.others (counted, plotted in the sensitivity plot)."""
     points: dict[tuple[str, ...], Point] = {}
     for run in cell.runs:
         values = {k: run.values[k] for k in keys}
         points.setdefault(tuple(values.values()), Point(values, [])).runs.append(run)
+    shared = shared_seeds(list(points.values()))
     for point in points.values():
-        done = [metric(r, selection.key) for r in point.runs if r.status == "completed"]
+        done = [metric(r, selection.key) for r in point.runs
+                if r.status == "completed" and (shared is None or r.values.get("seed") in shared)]
         point.stat = Stat.of([v for v in done if v is not None and math.isfinite(v)])
     sign = 1 if selection.sort.lower_better else -1
     scored = [p for p in points.values() if p.stat.mean is not None]
@@ -105,6 +107,15 @@ def tune_cell(cell: Cell, keys: list[str], selection: Selection) -> None:
     if chosen is not None:
         cell.others = [r for r in cell.runs if r not in chosen.runs]
         cell.runs = list(chosen.runs)
+
+
+def shared_seeds(points: list[Point]) -> set | None:
+    """The seeds every value of the cell ran (whatever became of the runs), when the values ran different seeds:
+    seeds added later at the chosen value alone (sequential seeds) then cannot change which value is chosen. None
+    when every value ran the same seeds, or they share none."""
+    seeds = [{r.values.get("seed") for r in p.runs} for p in points]
+    common = set.intersection(*seeds) if seeds else set()
+    return None if not common or all(s == common for s in seeds) else common
 
 
 def order_key(value: str) -> tuple[int, float, str]:

@@ -22,6 +22,7 @@ from archsweep.core.train.monitoring.loggers import has_wandb_credentials, wandb
 MODES = ("off", "auto", "offline", "online")  # --wandb; auto: online with credentials, else offline
 TABLE = "comparison"
 TEST_COLUMNS = ("diff", "ci_low", "ci_high", "p", "p_holm", "verdict")
+SEQUENTIAL_COLUMNS = ("diff", "cs_low", "cs_high", "p", "p_bonferroni", "verdict", "seeds_used", "looks")
 
 
 class WandbError(RuntimeError):
@@ -118,7 +119,8 @@ def table_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     when a test ran, the FLOPs only when some run records them."""
     key, sig = report.sort.key, report.significance
     columns = ["cell", *report.keys, *report.tuned, "best", "seeds", "runs", f"{key}_mean", f"{key}_std"]
-    columns += list(TEST_COLUMNS) if sig is not None else []
+    if sig is not None:
+        columns += list(SEQUENTIAL_COLUMNS if sig.design is not None else TEST_COLUMNS)
     flops = [flops_spent(c) for c in report.cells]
     with_flops = any(f is not None for f in flops)
     columns += ["flops_spent"] if with_flops else []
@@ -134,12 +136,18 @@ def table_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
 
 
 def test_row(cell: Cell, report: Report) -> list[Any]:
-    """diff, CI low and high, p, Holm's p, verdict; 'baseline' for the baseline, the reason where no test ran."""
+    """diff, CI low and high, p, Holm's p, verdict (sequential: the CS, the anytime p and its Bonferroni
+    adjustment, the verdict, the seeds and looks it took); 'baseline' for the baseline, the reason where no test
+    ran."""
+    sequential = report.significance.design is not None
+    after = [None, None] if sequential else []
     if report.significance.is_baseline(cell):
-        return [None] * 5 + ["baseline"]
+        return [None] * 5 + ["baseline"] + after
     t = cell.test
     if t is None or t.short is not None:
-        return [None] * 5 + [t.short if t is not None else None]
+        return [None] * 5 + [t.short if t is not None else None] + after
+    if sequential:
+        return [t.diff, t.low, t.high, t.p, t.p_bonferroni, t.verdict, t.seeds_used, t.looks]
     return [t.diff, t.low, t.high, t.p, t.p_holm, t.verdict]
 
 
@@ -148,6 +156,7 @@ def headline(report: Report, groups: list[str]) -> dict[str, Any]:
     sig = report.significance
     return {"metric": report.sort.key, "lower_better": report.sort.lower_better,
             "baseline": sig.label if sig is not None else None, "alpha": sig.alpha if sig is not None else None,
+            "sequential": sig is not None and sig.design is not None, "biased": sig is not None and sig.biased,
             "keys": report.keys, "tuned": report.tuned,
             "selection": report.selection.key if report.tuned and report.selection is not None else None,
             "sources": [str(s) for s in report.sources], "run_groups": groups}

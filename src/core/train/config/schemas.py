@@ -341,8 +341,19 @@ class CompareSchema:
     baseline: str | None = None  # the cell the others are tested against, e.g. "norm=pre"
     metric: str | None = None  # the metric that answers the question (split/name, :min or :max where the name does
     # not say which way is better); null: compare.py's default
+    detect: float | None = None  # the difference worth finding, in the metric's units
+    sequential: bool = False  # decide each comparison by seeds added in batches (docs/training.md, Sequential seeds)
+    max_seeds: int = 10  # sequential: the most seeds a comparison gets
+    seed_batch: int = 2  # sequential: seeds added between two looks
 
     def __post_init__(self) -> None:
+        if self.detect is not None and not self.detect > 0:
+            refuse("compare.detect", self.detect, "must be a positive difference in the metric's units, e.g. "
+                                                  "compare.detect=0.02, or null")
+        if self.max_seeds < 2:
+            refuse("compare.max_seeds", self.max_seeds, "must be at least 2 (a paired test needs 2 seeds)")
+        if self.seed_batch < 1:
+            refuse("compare.seed_batch", self.seed_batch, "must be at least 1 seed")
         for key in self.tune:
             if not DOTTED_KEY.match(key) or key == "seed" or key.split(".")[0] == "compare":
                 refuse("compare.tune", self.tune, f"names {key!r}, which is not a config key to tune; give dotted "
