@@ -28,6 +28,7 @@ from archsweep import conf_dir  # noqa: E402
 from archsweep.core.data.tasks.known import EXTRA_CONF_ENV  # noqa: E402  (more config folders, e.g. your variants)
 from archsweep.core.train.config import schemas  # noqa: E402, F401  (registers the groups' schemas)
 from archsweep.core.train.runs import rundir  # noqa: E402, F401  (registers ${unique:})
+from hydra_plugins.archsweep_halving import halving_sweeper  # noqa: E402  (hydra/sweeper=halving)
 
 CONF = str(conf_dir())
 
@@ -52,6 +53,7 @@ def _extra_config_folders() -> None:
 
 
 _extra_config_folders()
+halving_sweeper.register()
 
 # Hydra's own command-line flags that take the next argument as their value
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",

@@ -26,6 +26,7 @@ from archsweep.core.report.plots import (
     plot_loss_vs_flops,
     plot_sensitivity,
 )
+from archsweep.core.report.pruning import pruning
 from archsweep.core.report.render import COUNTS, Report, csv_text, estimated_mfu, json_text, markdown, terminal
 from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, load_run
 from archsweep.core.report.scaling import plot_scaling, scaling_fits
@@ -212,6 +213,8 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
                      sequential_asked=bool(sequential))
     if report.significance is not None and selection is not None and selection.key == order.key:
         report.significance.biased = True
+    if tuned:
+        report.pruning = pruning(report.cells, paths, selection.key if selection is not None else None)
     return report
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from archsweep.core.report.cells import Cell, SortKey, Stat, Target
+from archsweep.core.report.pruning import Pruning, cell_flops
+from archsweep.core.report.pruning import lines as pruning_lines
 from archsweep.core.report.runs import Run, Skipped
 from archsweep.core.report.scaling import Fit, fit_text
 from archsweep.core.report.significance import POWER, Contrast, Significance
@@ -47,6 +49,7 @@ class Report:
     tuned: list[str] = field(default_factory=list)  # keys tuned per cell (tuning.py)
     selection: Selection | None = None  # the validation metric the tuned values are chosen on
     significance: Significance | None = None  # --baseline: each other cell's Contrast is on the cell
+    pruning: Pruning | None = None  # FLOPs spent against the full grid's, halving rungs, rank agreement by budget
     sort_source: str = ""  # why this sort: "the preset's question" when it is the runs' compare.metric
 
     def runs(self, status: str) -> list[Run]:
@@ -231,6 +234,8 @@ def summary(report: Report) -> str:
                      "reached it; (k/n) when only k of n did.")
     if report.significance is not None:
         lines += significance_summary(report.significance, report.cells)
+    if report.pruning is not None:
+        lines += pruning_lines(report.pruning, report.tuned)
     return "\n".join(lines)
 
 
@@ -399,7 +404,7 @@ def json_text(report: Report) -> str:
               "failed": len(c.of("failed")), "target_steps": c.target_steps,
               "stats": {k: vars(c.stats[k]) for k in report.columns},
               "runs": [{"run_dir": str(r.run_dir), "status": r.status, "seed": r.values.get("seed")} for r in c.runs],
-              "tuned": tuned_json(c), "significance": test_json(c, report.significance)}
+              "tuned": tuned_json(c), "significance": test_json(c, report.significance), "flops_spent": cell_flops(c)}
              for c in report.cells]
     data = {"sources": [str(s) for s in report.sources], "keys": report.keys, "columns": report.columns,
             "target": str(report.target) if report.target else None, "sort": vars(report.sort),
@@ -407,6 +412,10 @@ def json_text(report: Report) -> str:
             "tuning": {"keys": report.tuned, "metric": report.selection.key, "why": report.selection.reason}
             if report.tuned and report.selection else None,
             "significance": significance_json(report.significance),
+            "pruning": None if report.pruning is None else
+            {"flops_spent": report.pruning.spent, "flops_full_grid": report.pruning.full,
+             "share": report.pruning.share, "halving": report.pruning.halving,
+             "agreement": [vars(a) for a in report.pruning.agreement]},
             "cells": cells,
             "failed": [{"run_dir": str(r.run_dir), "error": r.results.error} for r in report.runs("failed")],
             "diverged": [{"run_dir": str(r.run_dir), **(r.results.diverged or {})}

@@ -6,7 +6,6 @@ here, when asked for."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import yaml
 
 from archsweep import conf_dir
 from archsweep.core.report.cells import Cell
+from archsweep.core.report.pruning import cell_flops
 from archsweep.core.report.render import Report
 from archsweep.core.report.runs import CompareError, Run
 from archsweep.core.train.monitoring.loggers import has_wandb_credentials, wandb_mode
@@ -103,17 +103,6 @@ def saved_logger(path: Path, whole: bool = False) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def flops_spent(cell: Cell) -> float | None:
-    """Training FLOPs of all the cell's runs (results.json `total_flops`, with the budget branches' own decays),
-    the un-chosen tuned values' and the failed and diverged runs' included; None when no run records any."""
-    spent = []
-    for run in [*cell.runs, *cell.others]:
-        spent.append(run.results.total_flops)
-        spent += [b.get("branch_train_flops") for b in run.results.budgets or []]
-    numbers = [float(x) for x in spent if isinstance(x, (int, float)) and math.isfinite(x)]
-    return sum(numbers) if numbers else None
-
-
 def table_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     """The table's columns and one row per cell, in the report's order (best first). The significance columns only
     when a test ran, the FLOPs only when some run records them."""
@@ -121,7 +110,7 @@ def table_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     columns = ["cell", *report.keys, *report.tuned, "best", "seeds", "runs", f"{key}_mean", f"{key}_std"]
     if sig is not None:
         columns += list(SEQUENTIAL_COLUMNS if sig.design is not None else TEST_COLUMNS)
-    flops = [flops_spent(c) for c in report.cells]
+    flops = [cell_flops(c) for c in report.cells]
     with_flops = any(f is not None for f in flops)
     columns += ["flops_spent"] if with_flops else []
     rows = []
@@ -169,7 +158,7 @@ def verdicts(report: Report) -> dict[str, Any]:
                            "runs": len(all_runs(report))}
     if report.significance is not None:
         out["verdicts"] = dict(counts)
-    spent = [f for f in map(flops_spent, report.cells) if f is not None]
+    spent = [f for f in map(cell_flops, report.cells) if f is not None]
     if spent:
         out["flops_spent"] = sum(spent)
     return out

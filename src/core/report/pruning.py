@@ -1,0 +1,141 @@
+"""What a tuned comparison cost and how early its ranking was known (docs/training.md, Pruned tuning): the training
+FLOPs every run spent (runs pruned at a rung and cool-down branches included) against the full grid's (every job
+trained to the end), the halving sweeper's rungs (halving.json), and, from the runs' budget branches, the rank
+agreement (Kendall's tau) between each budget's validation metric and the end's, per cell over its tuned values."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from archsweep.core.report.cells import Cell
+from archsweep.core.report.runs import Run, metric
+from archsweep.core.train.runs.halving import STATE, flops_spent
+
+
+@dataclass
+class Agreement:
+    """Kendall's tau between the budget `fraction`'s metric and the end's, per cell over the tuned values that
+    have both, averaged over the cells where it is defined."""
+
+    fraction: float
+    tau: float | None
+    cells: int
+    values: int
+
+
+@dataclass
+class Pruning:
+    spent: float | None  # training FLOPs of every run of every cell
+    full: float | None  # the full grid's: every run of the grid to the end, without branches (estimated)
+    agreement: list[Agreement] = field(default_factory=list)
+    halving: dict[str, Any] | None = None  # the sweep's halving.json
+
+    @property
+    def share(self) -> float | None:
+        return self.spent / self.full if self.spent is not None and self.full else None
+
+
+def run_flops(run: Run) -> float | None:
+    return flops_spent(run.results.total_flops, run.results.budgets)
+
+
+def cell_flops(cell: Cell) -> float | None:
+    """Training FLOPs of all the cell's runs, every tuned value's, failed, diverged and pruned ones included."""
+    numbers = [f for f in map(run_flops, [*cell.runs, *cell.others]) if f is not None]
+    return sum(numbers) if numbers else None
+
+
+def full_run_flops(cell: Cell) -> float | None:
+    """What one job of the cell costs trained to the end: the mean total of its completed runs (branches aside)."""
+    done = [r.results.total_flops for r in [*cell.runs, *cell.others]
+            if r.status == "completed" and isinstance(r.results.total_flops, (int, float))]
+    return statistics.fmean(done) if done else None
+
+
+def budget_value(run: Run, fraction: float, key: str) -> float | None:
+    for entry in run.results.budgets or []:
+        if math.isclose(float(entry.get("fraction", -1)), fraction, abs_tol=1e-9):
+            value = entry.get(key)
+            return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return None
+
+
+def agreement(cells: list[Cell], key: str) -> list[Agreement]:
+    """For each budget fraction below 1 that the runs recorded: Kendall's tau, within each tuned cell, between the
+    values' mean `key` at that budget and at the end (the tuning's selection metric), averaged over cells."""
+    fractions = sorted({float(b["fraction"]) for c in cells for r in [*c.runs, *c.others]
+                        for b in r.results.budgets or [] if isinstance(b.get("fraction"), (int, float))
+                        and b["fraction"] < 1})
+    out = []
+    for fraction in fractions:
+        taus, values = [], 0
+        for cell in cells:
+            if cell.tuning is None:
+                continue
+            pairs = []
+            for point in cell.tuning.points:
+                early = [v for v in (budget_value(r, fraction, key) for r in point.runs) if v is not None]
+                end = [v for v in (metric(r, key) for r in point.runs if r.status == "completed") if v is not None]
+                if early and end and len(early) == len(point.runs):
+                    pairs.append((statistics.fmean(early), statistics.fmean(end)))
+            if len(pairs) >= 2:
+                with warnings.catch_warnings():  # a constant ranking has no tau (nan), said below as "-"
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    tau = float(stats.kendalltau(*zip(*pairs, strict=True)).statistic)
+                if math.isfinite(tau):
+                    taus.append(tau)
+                    values += len(pairs)
+        out.append(Agreement(fraction, statistics.fmean(taus) if taus else None, len(taus), values))
+    return out
+
+
+def pruning(cells: list[Cell], sources: list[Path], key: str | None) -> Pruning | None:
+    """The cost and the rank agreement of a tuned comparison (None when no run records FLOPs or budgets)."""
+    spent = [f for f in map(cell_flops, cells) if f is not None]
+    full = 0.0
+    for cell in cells:
+        one = full_run_flops(cell)
+        full = math.nan if one is None or math.isnan(full) else full + one * len([*cell.runs, *cell.others])
+    halving = next((read(s / STATE) for s in sources if (s / STATE).is_file()), None)
+    found = agreement(cells, key) if key is not None else []
+    if not spent and not found and halving is None:
+        return None
+    return Pruning(sum(spent) if spent else None, full if full and math.isfinite(full) else None, found, halving)
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def lines(p: Pruning, tuned: list[str]) -> list[str]:
+    """The report's lines on cost and agreement."""
+    out = []
+    if p.halving is not None and p.halving.get("rungs"):
+        rungs = p.halving["rungs"]
+        counts = ", ".join(f"{len(r['jobs'])} to {r['fraction']:.3g}" for r in rungs)
+        final = p.halving.get("final")
+        out.append(f"Pruned by successive halving (halving.json; eta {p.halving.get('eta')}, by "
+                   f"{p.halving.get('metric')}): {counts}"
+                   + (f", {len(final)} to the end." if final is not None else "; the last rung is not finished."))
+    if p.spent is not None:
+        share = f", {p.share:.0%} of the full grid's {p.full:.3g} (every run to the end)" if p.share else ""
+        out.append(f"Training FLOPs spent: {p.spent:.3g} (pruned runs and cool-down branches included){share}.")
+    if p.agreement:
+        what = ", ".join(tuned) or "tuned"
+        parts = [f"{a.fraction:.3g}: {'-' if a.tau is None else f'{a.tau:+.2f}'} ({a.cells} cell"
+                 f"{'s' * (a.cells != 1)}, {a.values} values)" for a in p.agreement]
+        out.append(f"Rank agreement of each budget with the end (Kendall's tau of each cell's {what} values by "
+                   f"their mean, averaged over cells): {'; '.join(parts)}.")
+    return out
