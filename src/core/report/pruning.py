@@ -34,7 +34,7 @@ class Agreement:
 @dataclass
 class Pruning:
     spent: float | None  # training FLOPs of every run of every cell
-    full: float | None  # the full grid's: every run of the grid to the end, without branches (estimated)
+    full: float | None  # the full grid's: every tuned value at every seed to the end, without branches (estimated)
     agreement: list[Agreement] = field(default_factory=list)
     halving: dict[str, Any] | None = None  # the sweep's halving.json
 
@@ -58,6 +58,33 @@ def full_run_flops(cell: Cell) -> float | None:
     done = [r.results.total_flops for r in [*cell.runs, *cell.others]
             if r.status == "completed" and isinstance(r.results.total_flops, (int, float))]
     return statistics.fmean(done) if done else None
+
+
+def full_grid(cell: Cell) -> float | None:
+    """What the cell's full grid costs: every tuned value it tried at every seed it ran, each to the end."""
+    runs = [*cell.runs, *cell.others]
+    one = full_run_flops(cell)
+    values = {tuple((k, v) for k, v in sorted(r.values.items()) if k != "seed") for r in runs}
+    seeds = {r.values.get("seed") for r in runs}
+    return one * len(values) * len(seeds) if one is not None else None
+
+
+def cell_share(cell: Cell) -> float | None:
+    """The cell's FLOPs spent over its full grid's."""
+    spent, full = cell_flops(cell), full_grid(cell)
+    return spent / full if spent is not None and full else None
+
+
+def cell_rungs(cell: Cell, halving: dict[str, Any] | None) -> str | None:
+    """How many of the cell's tuned values entered each rung and the end, e.g. '4>2>1' (halving.json)."""
+    if not halving or not halving.get("rungs"):
+        return None
+    value_of = {run.run_dir.name: tuple(sorted(run.values.items())) for run in [*cell.runs, *cell.others]}
+    stages = [*(r.get("jobs") or [] for r in halving["rungs"]), halving.get("final") or []]
+    # a cell's values differ only in the tuned key and the seed: count distinct runs' values without the seed
+    counts = [len({tuple((k, v) for k, v in value_of[str(j)] if k != "seed") for j in jobs if str(j) in value_of})
+              for jobs in stages]
+    return ">".join(map(str, counts)) if counts[0] else None
 
 
 def budget_value(run: Run, fraction: float, key: str) -> float | None:
@@ -102,8 +129,8 @@ def pruning(cells: list[Cell], sources: list[Path], key: str | None) -> Pruning 
     spent = [f for f in map(cell_flops, cells) if f is not None]
     full = 0.0
     for cell in cells:
-        one = full_run_flops(cell)
-        full = math.nan if one is None or math.isnan(full) else full + one * len([*cell.runs, *cell.others])
+        one = full_grid(cell)
+        full = math.nan if one is None or math.isnan(full) else full + one
     halving = next((read(s / STATE) for s in sources if (s / STATE).is_file()), None)
     found = agreement(cells, key) if key is not None else []
     if not spent and not found and halving is None:
@@ -130,9 +157,10 @@ def lines(p: Pruning, tuned: list[str]) -> list[str]:
                    f"{p.halving.get('metric')}): {counts}"
                    + (f", {len(final)} to the end." if final is not None else "; the last rung is not finished."))
     if p.spent is not None:
-        share = f", {p.share:.0%} of the full grid's {p.full:.3g} (every run to the end)" if p.share else ""
+        share = (f", {p.share:.0%} of the full grid's {p.full:.3g} (every tuned value at every seed, to the end)"
+                 if p.share else "")
         out.append(f"Training FLOPs spent: {p.spent:.3g} (pruned runs and cool-down branches included){share}.")
-    if p.agreement:
+    if any(a.cells for a in p.agreement):
         what = ", ".join(tuned) or "tuned"
         parts = [f"{a.fraction:.3g}: {'-' if a.tau is None else f'{a.tau:+.2f}'} ({a.cells} cell"
                  f"{'s' * (a.cells != 1)}, {a.values} values)" for a in p.agreement]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from archsweep.core.report.cells import Cell, SortKey, Stat, Target
-from archsweep.core.report.pruning import Pruning, cell_flops
+from archsweep.core.report.pruning import Pruning, cell_flops, cell_rungs, cell_share
 from archsweep.core.report.pruning import lines as pruning_lines
 from archsweep.core.report.runs import Run, Skipped
 from archsweep.core.report.scaling import Fit, fit_text
@@ -94,11 +94,25 @@ def table(report: Report) -> tuple[list[str], list[list[str]], list[bool]]:
         cols.append(("steps to target", target_text, True))
     if report.significance is not None:
         cols += significance_columns(report.significance)
+    if report.pruning is not None:
+        cols += pruning_columns(report.pruning)
     cols += [(count_header(report, k), lambda c, k=k: count_text(k, c.stats[k]), True)
              for k in sorted((k for k in report.columns if k in COUNTS), key=COUNTS.index)]
     cols += [("diverged", lambda c: str(len(c.of("diverged"))), True),
              ("failed", lambda c: str(len(c.of("failed"))), True)]
     return [h for h, _, _ in cols], [[f(c) for _, f, _ in cols] for c in report.cells], [r for _, _, r in cols]
+
+
+def pruning_columns(p: Pruning) -> list[tuple[str, Callable[[Cell], str], bool]]:
+    """The training FLOPs each cell spent (its share of its full grid's), and with halving its values per rung."""
+    def spent(cell: Cell) -> str:
+        flops, share = cell_flops(cell), cell_share(cell)
+        return "-" if flops is None else f"{flops:.3g}" + (f" ({share:.0%})" if share is not None else "")
+
+    cols = [("FLOPs spent (of full)", spent, True)]
+    if p.halving is not None:
+        cols.append(("rate values by rung", lambda c: cell_rungs(c, p.halving) or "-", True))
+    return cols
 
 
 def count_header(report: Report, key: str) -> str:
@@ -218,10 +232,11 @@ def divergence(run: Run) -> str:
 
 
 def summary(report: Report) -> str:
-    n = {s: len(report.runs(s)) for s in ("completed", "failed", "diverged")}
+    n = {s: len(report.runs(s)) for s in ("completed", "failed", "diverged", "paused")}
     keys = ", ".join(report.keys) or "none (one cell)"
-    lines = [f"{sum(n.values()) + len(report.skipped)} runs: {n['completed']} completed, {n['failed']} failed, "
-             f"{n['diverged']} diverged, {len(report.skipped)} skipped. Cells by: {keys}.",
+    paused = f"{n['paused']} pruned (paused at a rung), " if n["paused"] else ""
+    lines = [f"{sum(n.values()) + len(report.skipped)} runs: {n['completed']} completed, {paused}{n['failed']} "
+             f"failed, {n['diverged']} diverged, {len(report.skipped)} skipped. Cells by: {keys}.",
              f"Mean +- standard deviation over each cell's completed runs; sorted by {sort_text(report)}; * marks "
              "the best" + (" (a tie)." if sum(c.best for c in report.cells) > 1 else ".")]
     if report.tuned and report.selection is not None:

@@ -18,7 +18,7 @@ from scipy import optimize, stats
 
 from archsweep.core.report.cells import Cell, SortKey
 from archsweep.core.report.runs import CompareError, canon, metric
-from archsweep.core.report.sequential import EQUIVALENT, HIGHER, LOWER, MAXIMUM, OPEN, Design, sequence
+from archsweep.core.report.sequential import EQUIVALENT, HIGHER, LOWER, MAXIMUM, Design, sequence
 
 POWER = 0.8
 MAX_SEEDS = 2**20  # seeds_needed gives up (None) beyond this
@@ -312,12 +312,18 @@ def sequential_against(cell: list[tuple[Any, float]], base: list[tuple[Any, floa
     test.diff, test.low, test.high = last.diff, last.low, last.high
     test.p, test.p_bonferroni = out.p, min(1.0, out.p * design.comparisons)
     test.seeds_used, test.looks, test.next_seeds = out.seeds, len(out.looks), out.next_seeds
-    better = HIGHER if not lower_better else LOWER
-    test.verdict = {HIGHER: "better" if better == HIGHER else "worse", LOWER: "better" if better == LOWER else "worse",
-                    EQUIVALENT: f"no difference as large as {design.detect:g}",
-                    MAXIMUM: f"undecided at {out.seeds} seeds (the most)",
-                    OPEN: f"open: look again at {out.next_seeds} seeds"}[out.decision]
+    test.verdict = verdict_of(out.decision, out.seeds, out.next_seeds, design.detect, lower_better)
     return test
+
+
+def verdict_of(decision: str, seeds: int, next_seeds: int | None, detect: float | None, lower_better: bool) -> str:
+    if decision in (HIGHER, LOWER):
+        return "better" if (decision == LOWER) == lower_better else "worse"
+    if decision == EQUIVALENT:
+        return f"no difference as large as {detect:g}"
+    if decision == MAXIMUM:
+        return f"undecided at {seeds} seeds (the most)"
+    return f"open: look again at {next_seeds} seeds"
 
 
 def seed_order(seed: Any) -> tuple[int, float, str]:

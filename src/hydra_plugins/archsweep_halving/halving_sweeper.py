@@ -31,16 +31,19 @@ class HalvingSweeperConf:
     rungs: list[float] = field(default_factory=lambda: [1 / 9, 1 / 3])  # fractions of the steps where they are
     eta: int = 3  # each rung keeps the best ceil(n / eta) of a cell's n values
     metric: str = "val/loss"  # what ranks them: the cool-down branch's validation metric (:min / :max)
+    sequential: bool = False  # then add seeds to the cells whose comparison is open (compare.sequential's design)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="halving", node=HalvingSweeperConf, provider="archsweep")
 
 
 class HalvingSweeper(Sweeper):
-    def __init__(self, params: dict[str, str] | None, tune: str, rungs: list[float], eta: int, metric: str) -> None:
+    def __init__(self, params: dict[str, str] | None, tune: str, rungs: list[float], eta: int, metric: str,
+                 sequential: bool = False) -> None:
         super().__init__()
         self.params = dict(params or {})
         self.tune, self.rungs, self.eta, self.metric = tune, [float(r) for r in rungs], int(eta), metric
+        self.sequential = sequential
         self.config: DictConfig | None = None
         self.launcher: Launcher | None = None
         self.hydra_context: HydraContext | None = None
@@ -106,6 +109,8 @@ class HalvingSweeper(Sweeper):
         self.validate_batch_is_legal(batch)
         returns = list(self.launcher.launch(batch, initial_job_idx=self.next_idx))
         self.next_idx += len(batch)
+        for r in returns:
+            _ = r.return_value  # a job that raised ends the sweep with its error, as Hydra's basic sweeper does
         return returns
 
     def sweep(self, arguments: list[str]) -> Any:
@@ -117,7 +122,9 @@ class HalvingSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         alive = jobs_of(self.grid(arguments), self.tune)
-        state = State(sweep_dir, {"tune": self.tune, "eta": self.eta, "metric": metric, "rungs_asked": self.rungs})
+        jobs = {j.id: j for j in alive}
+        state = State(sweep_dir, {"tune": self.tune, "eta": self.eta, "metric": metric, "rungs_asked": self.rungs},
+                      len(alive))
         steps = self.config.trainer.get("max_steps")
         returns = []
         for fraction in self.rungs:
@@ -136,7 +143,53 @@ class HalvingSweeper(Sweeper):
         todo = [j for j in alive if not reached(results_of(sweep_dir, j), None)]
         returns.append(self.launch(todo, None))
         state.finish(alive)
+        if self.sequential:
+            returns += self.add_seeds(sweep_dir, jobs, state)
         return returns
+
+    def add_seeds(self, sweep_dir: Path, jobs: dict[int, Any], state: Any) -> list[Any]:
+        """Seeds in batches, each cell at its chosen value, until compare's sequential design has decided every
+        comparison with the baseline or reached its most seeds (compare.sequential, compare.max_seeds,
+        compare.seed_batch, compare.baseline, compare.detect of the runs)."""
+        from archsweep.core.report import CompareError, compare
+        from archsweep.core.report.render import next_seeds
+        from archsweep.core.train.runs.halving import reached, results_of
+
+        returns, before = [], None
+        while True:
+            try:
+                report = compare([sweep_dir], sequential=True, tune=[self.tune])
+            except CompareError as e:
+                log.warning(f"halving: no seeds added: {e}")
+                return returns
+            sig = report.significance
+            if sig is None:
+                log.warning("halving: no seeds added: the runs name no baseline to compare with (compare.baseline)")
+                return returns
+            wanted = {id(c): c.test.next_seeds for c in report.cells if c.test is not None and c.test.next_seeds}
+            for base in sig.baselines:
+                most = max((wanted[id(c)] for c in report.cells if id(c) in wanted and sig.baseline_of(c) is base),
+                           default=0)
+                if most:
+                    wanted[id(base)] = max(most, wanted.get(id(base), 0))
+            todo = []
+            for cell in report.cells:
+                if id(cell) in wanted and cell.runs:
+                    template = jobs[int(cell.runs[0].run_dir.name)]
+                    for seed in next_seeds(cell.seed_values(), wanted[id(cell)]):
+                        job = state.seed_job(template, seed)
+                        jobs[job.id] = job
+                        todo.append(job)
+            todo = [j for j in todo if not reached(results_of(sweep_dir, j), None)]
+            if not todo or [j.id for j in todo] == before:  # decided, or the same seeds again: they failed
+                if todo:
+                    log.warning(f"halving: {', '.join(' '.join((*j.cell, f'seed={j.seed}')) for j in todo)} ran without "
+                                f"results; "
+                                f"no more seeds added")
+                return returns
+            before = [j.id for j in todo]
+            log.info(f"halving: {len(wanted)} cells need more seeds for their comparison: {len(todo)} jobs")
+            returns.append(self.launch(todo, None))
 
 
 def register() -> None:

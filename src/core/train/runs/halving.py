@@ -120,9 +120,26 @@ class State:
     """halving.json: the rungs taken so far, each with its fraction, the jobs scored, their scores and the jobs
     kept, rewritten whole (atomically) after each rung."""
 
-    def __init__(self, sweep_dir: Path, settings: dict[str, Any]) -> None:
+    def __init__(self, sweep_dir: Path, settings: dict[str, Any], n_grid: int) -> None:
         self.path = sweep_dir / STATE
-        self.data: dict[str, Any] = {**settings, "rungs": []}
+        try:  # the directories of seeds added by an earlier launch of this sweep keep their numbers
+            seeds = json.loads(self.path.read_text()).get("seeds") or {}
+        except (OSError, ValueError, AttributeError):
+            seeds = {}
+        self.data: dict[str, Any] = {**settings, "rungs": [], "seeds": seeds}
+        self.n_grid = n_grid
+
+    def seed_job(self, template: Job, seed: str) -> Job:
+        """`template` (a job of the cell, at its chosen value) with another seed, in a directory numbered after the
+        grid's: the same number for the same cell, value and seed at every launch of the sweep."""
+        key = f"{template.id}:{seed}"
+        if key not in self.data["seeds"]:
+            self.data["seeds"][key] = self.n_grid + len(self.data["seeds"])
+            self.write()
+        overrides = tuple(o if override_key(o) != "seed" else f"seed={seed}" for o in template.overrides)
+        if "seed" not in {override_key(o) for o in overrides}:
+            overrides = (*overrides, f"seed={seed}")
+        return Job(self.data["seeds"][key], overrides, template.cell, template.value, seed)
 
     def add_rung(self, fraction: float, jobs: list[Job], scores: dict[int, float | None], kept: list[Job]) -> None:
         self.data["rungs"] = [r for r in self.data["rungs"] if r["fraction"] != fraction]
