@@ -149,6 +149,23 @@ def test_a_metrics_rewrite_that_fails_midway_leaves_the_previous_file(tmp_path, 
     assert [(r["step"], r["train/loss"], r["val/loss"]) for r in rows] == [("1", "1.0", ""), ("2", "0.9", "1.2")]
 
 
+def test_resumed_metrics_without_a_new_column_drop_the_later_rows_and_repeat_none(tmp_path):
+    """The first save of a resumed run rewrites the file whole even when its rows bring no new column (appending
+    them would repeat the kept history and keep the rows after the checkpoint)."""
+    with open(tmp_path / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["epoch", "step", "train/loss"])
+        w.writeheader()
+        w.writerows([{"epoch": 0, "step": s, "train/loss": s / 10} for s in (1, 3, 5, 7, 9, 11, 13)])
+    logger = MetricsCSV(tmp_path, keep_before=10)
+    logger.log_metrics({"epoch": 0, "train/loss": 1.1}, step=11)
+    logger.save()
+    logger.log_metrics({"epoch": 0, "train/loss": 1.3}, step=13)
+    logger.save()
+    with open(tmp_path / "metrics.csv") as f:
+        assert [(r["step"], r["train/loss"]) for r in csv.DictReader(f)] == [
+            ("1", "0.1"), ("3", "0.3"), ("5", "0.5"), ("7", "0.7"), ("9", "0.9"), ("11", "1.1"), ("13", "1.3")]
+
+
 def test_resumed_metrics_keep_the_rows_before_the_checkpoint_and_never_repeat_a_step(tmp_path):
     with open(tmp_path / "metrics.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["epoch", "step", "train/loss", "val/loss"])

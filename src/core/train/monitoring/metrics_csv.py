@@ -31,7 +31,9 @@ class MetricsCSV(Logger):
         self.rows: list[dict[str, Any]] = []  # every row of the file, the kept history first
         self.columns: list[str] = []
         self.written = 0  # rows already in the file
+        self.kept = False  # the file holds rows a resumed run drops: the first save rewrites it whole
         if keep_before is not None and self.path.is_file():
+            self.kept = True
             with open(self.path, newline="") as f:
                 reader = csv.DictReader(f)
                 self.columns = sorted(reader.fieldnames or [])
@@ -65,7 +67,7 @@ class MetricsCSV(Logger):
         if not self.rows:
             return  # nothing logged yet: an earlier run's file stays until this one has a row
         columns = sorted(set(self.columns).union(*self.rows))
-        rewrite = columns != self.columns or not self.path.is_file()
+        rewrite = columns != self.columns or not self.path.is_file() or self.kept
         if not rewrite and self.written == len(self.rows):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +88,7 @@ class MetricsCSV(Logger):
                 csv.DictWriter(f, fieldnames=columns).writerows(self.rows[self.written:])
         self.columns = columns
         self.written = len(self.rows)
+        self.kept = False
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
