@@ -34,7 +34,7 @@ RESULT_KEYS = {"status", "error", "diverged", "test_long", "by_length", "by_cont
                "fit_time_s", "eval_time_s", "wall_time_s", "time_to_first_step_s", "world_size", "resumed_from",
                "wandb_run_id", "peak_memory_mib",
                "flops_per_token", "total_flops", "mfu", "peak_flops", "peak_source", "peak_age_s", "mfu_estimate",
-               "task_family", "interrupted", "compare", "budget", "budgets", "version", "active_params"}
+               "task_family", "interrupted", "paused", "compare", "budget", "budgets", "version", "active_params"}
 METRICS = {"loss", "ppl", "acc", "exact_match"}
 # train.yaml's groups: the axes (norm, norm_type, pos, ffn, attention), each built-in plug-in's, the rest
 GROUPS = {"model", *AXES, *PLUGIN.names(), "task", "optim", "schedule", "trainer", "logger", "decoding", "callbacks",

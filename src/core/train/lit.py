@@ -75,7 +75,9 @@ class LitModel(L.LightningModule):
         every = self.trainer.log_every_n_steps
         return every > 0 and (self.global_step + 1) % every == 0
 
-    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> int | None:
+        if self.stop_asked():
+            return -1  # Lightning's way to leave the epoch before this batch trains; the fit then ends
         # Dropout randomness is a function of (seed, step, rank), so a resumed run draws what an uninterrupted
         # one would, whatever else consumed random numbers in between (validation, dataloader start-up).
         micro = batch_idx % self.trainer.accumulate_grad_batches
@@ -84,6 +86,14 @@ class LitModel(L.LightningModule):
             torch.default_generator.manual_seed(seed)
         else:
             torch.manual_seed(seed)
+
+    def stop_asked(self) -> bool:
+        """Whether a callback asked for a stop before this batch (`trainer.should_stop` set in its
+        on_train_batch_start: pause_at's `PauseAt`) that Lightning will honour (min_steps and min_epochs met): the
+        batch is not trained. A stop asked at the end of a batch ends the fit before the next one starts."""
+        loop = self.trainer.fit_loop
+        return (self.trainer.should_stop and self.global_step >= (loop.min_steps or 0)
+                and self.current_epoch >= (loop.min_epochs or 0))
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         logits = self(batch)  # (B, T, V)

@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.data.tasks.base import Task
-from archsweep.core.train.config.wsd import check_phases
+from archsweep.core.train.config.wsd import branch_at, branch_plan, check_phases
 
 log = logging.getLogger("train")
 FSDP_STRATEGY = "fsdp2"  # conf/trainer/fsdp.yaml (core/train/launch/shard.py); Lightning's own name `fsdp` means FSDP1
@@ -85,6 +85,29 @@ def branches_on_one_process(cfg: DictConfig, task: Task) -> None:
         raise ValueError(f"schedule.branches={list(branches)} with trainer.strategy={cfg.trainer.strategy}: budget "
                          f"branches run on one device only; drop the branches (one run per budget), or train on one "
                          f"device (trainer=cpu or trainer=gpu)")
+
+
+def pause_at_a_branch(cfg: DictConfig, task: Task) -> None:
+    """pause_at against schedule.branches: a run pauses at the decay start of one of its budgets below 1.0, a step
+    its training reaches (run again once a budget has set trainer.max_steps)."""
+    at = cfg.get("pause_at")
+    if at is None:
+        return
+    branches = [float(f) for f in cfg.schedule.get("branches") or []]
+    below = [f for f in branches if f < 1.0]
+    if not below:
+        raise ValueError(f"pause_at={at} needs budget branches to pause at: schedule=wsd with schedule.branches "
+                         f"listing it, e.g. schedule=wsd 'schedule.branches=[{at},1.0]'; or pause_at=null")
+    total, max_steps = cfg.schedule.total_steps, cfg.trainer.max_steps
+    branch = branch_at(branch_plan(total, cfg.schedule.decay_fraction, below), at)
+    if branch is None or branch.fraction >= 1.0:
+        raise ValueError(f"pause_at={at} is not one of schedule.branches={branches}; pause at one of "
+                         f"{', '.join(f'{f:g}' for f in below)}, or set pause_at=null to train to the end")
+    if branch.decay_start >= max_steps:
+        raise ValueError(f"pause_at={at} pauses at step {branch.decay_start} (the decay start of its "
+                         f"{branch.steps}-step budget of schedule.total_steps={total}), which trainer.max_steps="
+                         f"{max_steps} never reaches; pause at an earlier budget, or set schedule.total_steps to "
+                         f"trainer.max_steps")
 
 
 def sharding_supports(cfg: DictConfig, task: Task) -> None:
@@ -191,7 +214,7 @@ def tuned_keys_exist(cfg: DictConfig, task: Task) -> None:
 
 Rule = Callable[[DictConfig, Task], None]
 RULES: tuple[Rule, ...] = (accelerator_present, warmup_within_training, decay_after_warmup, decay_phases,
-                           branches_on_one_process, sharding_supports, ddp_validation_batches,
+                           branches_on_one_process, pause_at_a_branch, sharding_supports, ddp_validation_batches,
                            context_lengths_need_text, tuned_keys_exist)
 AFTER_IMPORTS: tuple[Rule, ...] = (precision_known,)  # need Lightning: run by job.py after the heavy imports
 

@@ -311,8 +311,12 @@ class RunSchema:
     threads: int | None = None
     objective: str = "val/loss"
     export: str | None = None  # hf: the run must stay exportable (archsweep-export), refused before training if not
+    pause_at: float | None = None  # a budget fraction of schedule.branches to pause at (rules.pause_at_a_branch)
 
     def __post_init__(self) -> None:
+        if self.pause_at is not None and not 0.0 < self.pause_at < 1.0:
+            refuse("pause_at", self.pause_at, "must be a budget fraction below 1.0, one of schedule.branches (e.g. "
+                                              "pause_at=0.25), or null to train to the end")
         if self.export not in (None, "hf"):
             refuse("export", self.export, "must be hf (the model must map onto a Hugging Face class: checked before "
                                           "training) or null")
@@ -428,6 +432,6 @@ ONE_SCHEMA = {"trainer": TrainerSchema, "decoding": DecodingConfig, "diagnostics
 def check_schemas(cfg: DictConfig) -> Checked:
     """Every typed group of a composed train.py config as its dataclass (their `__post_init__` rules run), and
     the top-level settings. ValueError names the field, the value and the fix."""
-    run = typed(OmegaConf.create({k: cfg.get(k) for k in ("seed", "label_smoothing", "threads", "objective", "export")
-                                  if k in cfg}), "", RunSchema)
+    keys = ("seed", "label_smoothing", "threads", "objective", "export", "pause_at")
+    run = typed(OmegaConf.create({k: cfg.get(k) for k in keys if k in cfg}), "", RunSchema)
     return Checked(run, {g: typed(cfg[g], g, ONE_SCHEMA.get(g)) for g in GROUPS if cfg.get(g) is not None})

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 SHAPES = ("linear", "cosine", "1-sqrt")  # schedule.decay_shape
+FRACTION_TOLERANCE = 1e-9  # budget fractions closer than this are the same budget (pause_at against branches)
 
 
 def decay_steps(total_steps: int, decay_fraction: float) -> int:
@@ -61,6 +62,11 @@ def branch_plan(total_steps: int, decay_fraction: float, fractions: list[float])
                              f"{total_steps} are both {steps} steps; drop one of them")
         plan.append(Branch(fraction, steps, decay_start(steps, decay_fraction)))
     return plan
+
+
+def branch_at(plan: list[Branch], fraction: float) -> Branch | None:
+    """The budget of `plan` at `fraction` (within FRACTION_TOLERANCE), None when it has none."""
+    return next((b for b in plan if abs(b.fraction - fraction) <= FRACTION_TOLERANCE), None)
 
 
 def check_phases(warmup_steps: int, total_steps: int, decay_fraction: float, fractions: list[float]) -> None:

@@ -10,12 +10,17 @@ B steps, validates it on the run's validation batches (the weights at the end of
 interrupted run; continued, it re-fits only the branches not recorded (a branch restarts from its stable
 checkpoint) and records each budget once. No logger sees the branches: metrics.csv and W&B keep the run's own
 curve; the budgets are in results.json `budgets`.
+
+`pause_at=f` (`PauseAt`) stops the run's fit at the decay start of the budget f instead, with last.ckpt at that step;
+the branches up to f are fitted then (fit.py `record_paused`), and the run, continued from last.ckpt, is the run
+that never paused.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
@@ -61,6 +66,51 @@ class StablePoints(L.Callback):
         step = trainer.global_step
         if step in self.paths and (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
             trainer.save_checkpoint(self.paths[step], False)  # optimiser and loops included
+
+
+class PauseAt(L.Callback):
+    """Stops the fit after `step` optimiser steps (the decay start of the budget `pause_at` names) through
+    `trainer.should_stop`, set before the next batch trains (LitModel skips a batch a stop was asked before), so the
+    fit validates at `step` only where the run that does not pause validates too. The state to continue from is the
+    checkpoint callback's last.ckpt written after that validation, where one was due at `step`; else the state at the
+    end of the step (where Lightning resumes exactly, as after `StopOnSignal`), saved here to `path`, which `keep`
+    makes last.ckpt once the fit has ended (the checkpoint callback writes last.ckpt at the end of a fit that has
+    not written one). A fit resumed at or past `step` stops before its first step, its checkpoint kept as it was.
+    `paused_step`: where it stopped (None: the fit ended otherwise)."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+        self.paused_step: int | None = None
+        self.saved = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step >= self.step:
+            self.paused_step = trainer.global_step
+            trainer.should_stop = True
+            shutil.copyfile(trainer.ckpt_path, self.path)  # the file it resumed from may be last.ckpt itself
+            self.saved = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step != self.step or (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        self.paused_step = self.step
+        if (batch_idx + 1) % trainer.val_check_batch:  # no validation due: the state after the step is the one
+            trainer.save_checkpoint(self.path, False)
+            self.saved = True
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.paused_step is not None:
+            trainer.should_stop = True
+
+    def keep(self, last: Path | None) -> None:
+        """After the fit: the state saved at `step` becomes `last` (the checkpoint to continue from); with None (the
+        fit did not end paused: the divergence check stopped it at that step) it is dropped."""
+        if self.saved and last is not None:
+            self.path.replace(last)
+        elif self.saved:
+            self.path.unlink(missing_ok=True)
 
 
 def stable_points(plan: list[Branch], run_dir: Path, resume_step: int | None) -> StablePoints:

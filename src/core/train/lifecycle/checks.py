@@ -30,6 +30,7 @@ from archsweep.core.train.config.rules import (
     check_rules,
     decay_after_warmup,
     decay_phases,
+    pause_at_a_branch,
     processes,
     warmup_within_training,
 )
@@ -284,7 +285,8 @@ def prepare(cfg: DictConfig, info: RunInfo) -> Setup:
         budget = apply_budget(cfg, model_cfg, task)
         try:  # the schedule against the steps the budget gives (checked already if they are the same)
             if cfg.trainer.max_steps != steps:
-                check_rules(cfg, task, (warmup_within_training, decay_after_warmup, decay_phases))
+                check_rules(cfg, task, (warmup_within_training, decay_after_warmup, decay_phases,
+                                         pause_at_a_branch))
         except ValueError as e:
             raise ConfigError(f"the budget gives trainer.max_steps={cfg.trainer.max_steps}: {e}") from None
     return Setup(model_cfg, task, ckpt, settings.decoding, settings.diagnostics, settings.callbacks,

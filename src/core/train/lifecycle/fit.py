@@ -8,6 +8,9 @@
 <run dir>/confusion_matrix_<split>.png, .json   image tasks: the test split's confusion matrix
 <run dir>/results.json       final metrics and facts about the run (runs/results.py: `Results`)
 <run dir>/branches/          schedule.branches: the stable-phase states and budgets.json (lifecycle/branches.py)
+
+With pause_at, the fit stops at that budget's decay start and `record_paused` writes results.json (status paused)
+after the budget branches up to it, without the final evaluation.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,9 +36,10 @@ from archsweep.core.model.build import build_model, count_parameters
 from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.config.rules import data_parallel
 from archsweep.core.train.config.setup import ConfigError, Setup
-from archsweep.core.train.config.wsd import Branch
+from archsweep.core.train.config.wsd import Branch, branch_at
 from archsweep.core.train.lifecycle.branches import (
     Budgets,
+    PauseAt,
     branch_callbacks,
     branch_trainer_cfg,
     fit_branch,
@@ -80,10 +85,23 @@ class Fitting:
     plan: list[Branch]  # budget branches (schedule.branches), [] without
     n_params: int
     n_active: int
+    pause: PauseAt | None = None  # pause_at: the callback that stops the fit there
+
+    @property
+    def paused(self) -> bool:
+        """The fit stopped at pause_at's step (not diverged or stopped early before it)."""
+        return self.pause is not None and self.pause.paused_step is not None and self.lit.diverged is None
 
     @property
     def run_id(self) -> str:
         return self.lit.meta["wandb_run_id"]
+
+
+class Fitted(NamedTuple):
+    """What the fit leaves for the records: the last training figures and how long it took."""
+
+    train: dict[str, float | None]  # train_summary, taken before any evaluation replaces the callback metrics
+    fit_s: float
 
 
 class Evaluated(NamedTuple):
@@ -191,8 +209,12 @@ def fit_and_test(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float
     (`interrupts.caught_stops`) ends here as an interrupted run's results."""
     run = start_run(cfg, setup, info, start_time)
     try:
-        evaluated = fit_and_evaluate(cfg, setup, run, info.run_dir)
-        results = record(cfg, setup, info, run, evaluated, start_time) if run.trainer.is_global_zero else None
+        fitted = fit(setup, run, info.run_dir)
+        if run.paused:
+            results = record_paused(cfg, setup, info, run, fitted, start_time)  # one process: branches need it
+        else:
+            evaluated = evaluate(cfg, setup, run, fitted, info.run_dir)
+            results = record(cfg, setup, info, run, evaluated, start_time) if run.trainer.is_global_zero else None
     except Interrupted as stop:
         return interrupted_results(run.trainer, stop, info, cfg.seed, setup, run.n_params, run.run_id)
     finish_wandb()
@@ -217,11 +239,15 @@ def start_run(cfg: DictConfig, setup: Setup, info: RunInfo, start_time: float) -
                                    LearningRateMonitor(logging_interval="step")]  # train/lr/pg<N>
     plan = plan_of(cfg)  # budget branches (schedule.branches): their stable-phase states are saved as the run passes
     callbacks += run_callbacks(cfg, setup, info, plan, lit.meta["codec"])
+    pause = None
+    if cfg.get("pause_at") is not None:  # last: its checkpoint holds every other callback's state after the step
+        pause = PauseAt(branch_at(plan, float(cfg.pause_at)).decay_start, info.run_dir / CKPT_DIR / "paused.ckpt")
+        callbacks.append(pause)
     trainer = make_trainer(cfg, loggers, callbacks, info.run_dir)
     if trainer.is_global_zero:
         announce(cfg, setup, info, loggers, n_params, n_active)
     return Fitting(lit, trainer, TaskData(setup.task, setup.model_cfg.kind, cfg.seed), ckpt_cb, progress, compute,
-                   stop_cb, plan, n_params, n_active)
+                   stop_cb, plan, n_params, n_active, pause)
 
 
 def build_lit(cfg: DictConfig, setup: Setup, info: RunInfo) -> tuple[LitModel, int, int]:
@@ -303,19 +329,28 @@ def announce(cfg: DictConfig, setup: Setup, info: RunInfo, loggers: list[Any], n
         log.info(line)
 
 
-def fit_and_evaluate(cfg: DictConfig, setup: Setup, run: Fitting, run_dir: Path) -> Evaluated:
-    """Fit (from the checkpoint to resume, if any), write last.ckpt at the final step, then evaluate the best
-    checkpoint on the validation and test splits and, with eval.context_lengths, by context length."""
+def fit(setup: Setup, run: Fitting, run_dir: Path) -> Fitted:
+    """Fit (from the checkpoint to resume, if any) and write last.ckpt at the final step (a paused fit has written
+    its own, at its step)."""
     trainer = run.trainer
     reset_peak()
     fit_start = time.time()
     with caught_stops(trainer, run.ckpt_cb):
         trainer.fit(run.lit, datamodule=run.data, ckpt_path=str(setup.ckpt_path) if setup.ckpt_path else None)
     fit_s = time.time() - fit_start
-    train = train_summary(trainer)  # before the evaluation below replaces the callback metrics
+    train = train_summary(trainer)  # before an evaluation replaces the callback metrics
+    if run.pause is not None:
+        run.pause.keep(run_dir / CKPT_DIR / "last.ckpt" if run.paused else None)
+    if not run.paused and run.ckpt_cb.saved_step != trainer.global_step:  # last steps after the last validation
+        trainer.save_checkpoint(run.ckpt_cb.last_model_path or str(run_dir / CKPT_DIR / "last.ckpt"))
+    return Fitted(train, fit_s)
+
+
+def evaluate(cfg: DictConfig, setup: Setup, run: Fitting, fitted: Fitted, run_dir: Path) -> Evaluated:
+    """Evaluate the best checkpoint on the validation and test splits and, with eval.context_lengths, by context
+    length."""
+    trainer = run.trainer
     last = run.ckpt_cb.last_model_path or str(run_dir / CKPT_DIR / "last.ckpt")
-    if run.ckpt_cb.saved_step != trainer.global_step:  # last steps after the last validation
-        trainer.save_checkpoint(last)
     eval_start = time.time()
     # a signal in the fit's last step or its final validation, or during this evaluation, stops the run here; its
     # resume evaluates from last.ckpt
@@ -328,7 +363,7 @@ def fit_and_evaluate(cfg: DictConfig, setup: Setup, run: Fitting, run_dir: Path)
             by_context = evaluate_contexts(run.lit.model, setup.task, "test", list(cfg.eval.context_lengths),
                                            cfg.eval.get("stride"), cfg.eval.get("context_tokens"),
                                            progress=log.info)
-    return Evaluated(val, test, best, by_context, train, fit_s, time.time() - eval_start)
+    return Evaluated(val, test, best, by_context, fitted.train, fitted.fit_s, time.time() - eval_start)
 
 
 def record(cfg: DictConfig, setup: Setup, info: RunInfo, run: Fitting, evaluated: Evaluated,
@@ -353,25 +388,63 @@ def record(cfg: DictConfig, setup: Setup, info: RunInfo, run: Fitting, evaluated
 def completed_results(cfg: DictConfig, setup: Setup, info: RunInfo, run: Fitting, evaluated: Evaluated,
                       start_time: float) -> Results:
     """results.json of a run that trained to its end (or diverged), before any budget branch."""
-    trainer, lit, progress = run.trainer, run.lit, run.progress
-    val, test = evaluated.val, evaluated.test
-    return Results(
+    lit, val, test = run.lit, evaluated.val, evaluated.test
+    return run_results(
+        cfg, setup, info, run, Fitted(evaluated.train, evaluated.fit_s), start_time,
         status="diverged" if lit.diverged else "completed", diverged=lit.diverged,
-        name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
-        overrides=info.overrides, seed=cfg.seed, params=run.n_params, active_params=run.n_active,
-        task_family=family(setup.task),
-        steps=trainer.global_step, train=evaluated.train,
-        budget=setup.budget.record(trainer.global_step) if setup.budget else None,
         splits={"val": metrics_of("val", val), **{s: metrics_of(s, test) for s in setup.task.test_splits}},
         by_length=lit.by_length, by_context=evaluated.by_context, best_checkpoint=evaluated.best,
+        eval_time_s=evaluated.eval_s)
+
+
+def run_results(cfg: DictConfig, setup: Setup, info: RunInfo, run: Fitting, fitted: Fitted, start_time: float,
+                **fields: Any) -> Results:
+    """results.json's facts about the run and its fit, whatever its end, with `fields` (its status and what
+    depends on it)."""
+    trainer, progress = run.trainer, run.progress
+    return Results(
+        name=info.name, group=info.group, run_dir=str(info.run_dir), choices=info.choices,
+        overrides=info.overrides, seed=cfg.seed, params=run.n_params, active_params=run.n_active,
+        task_family=family(setup.task), steps=trainer.global_step, train=fitted.train,
+        budget=setup.budget.record(trainer.global_step) if setup.budget else None,
         last_checkpoint=str(info.run_dir / CKPT_DIR / "last.ckpt"),
         resumed_from=str(setup.ckpt_path) if setup.ckpt_path else None, wandb_run_id=run.run_id,
         tokens_per_s=progress.tokens_per_s * trainer.world_size,
         **run.compute.summary(progress.train_s, trainer.world_size),  # FLOPs, mfu, mfu_estimate, peak_*
-        peak_memory_mib=peak_mib(lit.device), train_time_s=progress.train_s, val_time_s=progress.val_s,
-        fit_time_s=evaluated.fit_s, eval_time_s=evaluated.eval_s, wall_time_s=time.time() - start_time,
-        time_to_first_step_s=progress.first_step_s,
-        world_size=trainer.world_size, compare=compare_block(cfg))
+        peak_memory_mib=peak_mib(run.lit.device), train_time_s=progress.train_s, val_time_s=progress.val_s,
+        fit_time_s=fitted.fit_s, wall_time_s=time.time() - start_time, time_to_first_step_s=progress.first_step_s,
+        world_size=trainer.world_size, compare=compare_block(cfg), **fields)
+
+
+def record_paused(cfg: DictConfig, setup: Setup, info: RunInfo, run: Fitting, fitted: Fitted,
+                  start_time: float) -> dict[str, Any]:
+    """A run paused at pause_at (one process, as every run with branches): the budget branches up to it not yet
+    recorded, fitted as after a whole run, then results.json with status paused and `budgets` those branches, and
+    the line that says how to continue; returns what was written."""
+    pause, step = branch_at(run.plan, float(cfg.pause_at)), run.trainer.global_step
+    done = run_results(cfg, setup, info, run, fitted, start_time, status="paused",
+                       paused={"at": pause.fraction, "step": step})
+    budgets = Budgets([b for b in run.plan if b.steps <= pause.steps], info.run_dir)
+    last = str(info.run_dir / CKPT_DIR / "last.ckpt")
+    with caught_stops(run.trainer, run.ckpt_cb, branch_from=last):  # a stop in a branch: continuing re-fits it
+        done.budgets = budgets.complete(done, branch_fitter(cfg, setup, run, info, start_time), run.stop_cb.pending)
+    done.write(info.run_dir / RESULTS)
+    log.info(paused_line(done, run.plan, pause, info))
+    return done.to_dict()
+
+
+def paused_line(done: Results, plan: list[Branch], pause: Branch, info: RunInfo) -> str:
+    """Where the run paused, its budget's validation loss, and how to continue it."""
+    later = [f"{b.fraction:g}" for b in plan if b.steps > pause.steps and b.fraction < 1.0]
+    if info.multirun:
+        how = "re-run the sweep with a later pause_at, or pause_at=null"
+    else:
+        how = f"python train.py resume={info.run_dir} " + (
+            f"pause_at={' or '.join(later)} (a later budget) or pause_at=null (to the end)" if later
+            else "pause_at=null (to the end)")
+    return (f"paused after budget {pause.fraction:g} at step {done.steps} (its branch's val/loss "
+            f"{done.budgets[-1]['val/loss']:.4f}; {done.total_flops or 0:.4g} training FLOPs so far); to continue: "
+            f"{how}")
 
 
 def with_budgets(done: Results, budgets: Budgets, cfg: DictConfig, setup: Setup, run: Fitting, info: RunInfo,
@@ -379,8 +452,16 @@ def with_budgets(done: Results, budgets: Budgets, cfg: DictConfig, setup: Setup,
     """The run's results with `budgets`: each branch not yet recorded is fitted from its stable-phase state by a
     trainer of its own (no logger: the run's curves stay the run's), then the run itself (branches.py). A signal the
     run's fit noted in its last step (`StopOnSignal.pending`) stops before the first branch."""
-    lit = run.lit
     done = budgets.run_results(done, trained=run.compute.flops_this_fit > 0)
+    done.budgets = budgets.complete(done, branch_fitter(cfg, setup, run, info, start_time), run.stop_cb.pending)
+    return done
+
+
+def branch_fitter(cfg: DictConfig, setup: Setup, run: Fitting, info: RunInfo,
+                  start_time: float) -> Callable[[Branch], tuple[dict[str, Any], int | None]]:
+    """Fits one budget branch from its stable-phase state with a trainer of its own (no logger: the run's curves
+    stay the run's); `Budgets.complete` calls it for each branch not recorded."""
+    lit = run.lit
 
     def fit_one(branch: Branch) -> tuple[dict[str, Any], int | None]:
         model = build_model(setup.model_cfg)  # its weights come from the stable-phase checkpoint
@@ -395,5 +476,4 @@ def with_budgets(done: Results, budgets: Budgets, cfg: DictConfig, setup: Setup,
         trainer = make_trainer(branch_trainer_cfg(cfg, branch), [], callbacks, info.run_dir)
         return fit_branch(branch, branch_lit, run.data, trainer, branch_compute, info.run_dir)
 
-    done.budgets = budgets.complete(done, fit_one, run.stop_cb.pending)
-    return done
+    return fit_one

@@ -1,7 +1,8 @@
 """One train.py job: check the config without heavy imports (checks.py), train (fit.py), and record the outcome:
 results.json or a failure's error.txt, a sweep's summary line, the exit code a scheduler reads. In a sweep, a job
-also holds its directory's lock, skips a cell that finished earlier, continues one that was interrupted, and
-requeues a submitit job stopped by preemption.
+also holds its directory's lock, skips a cell that finished earlier, continues one that was interrupted or paused,
+and requeues a submitit job stopped by preemption. A run continued with a pause_at it has reached already (paused
+there or later, or finished) trains nothing and returns its results as they are.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from archsweep.core.model.checkpoint import CKPT_DIR, CheckpointError, check_checkpoint_file, safe_load
 from archsweep.core.train.config.rules import AFTER_IMPORTS, check_rules, processes
 from archsweep.core.train.config.setup import ConfigError, Setup
+from archsweep.core.train.config.wsd import FRACTION_TOLERANCE
 from archsweep.core.train.launch.submitit_job import join_tasks, requeue
 from archsweep.core.train.lifecycle.checks import check_resume, prepare
 from archsweep.core.train.lifecycle.stops import STOPS
 from archsweep.core.train.monitoring.console import job_prefix, quiet_libraries, set_job
 from archsweep.core.train.monitoring.loggers import finish_wandb
-from archsweep.core.train.runs.results import RESULTS, Results
+from archsweep.core.train.runs.results import RESULTS, Results, paused_beyond
 from archsweep.core.train.runs.rundir import (
     DirectoryInUse,
     DirectoryLock,
@@ -34,7 +36,7 @@ from archsweep.core.train.runs.rundir import (
     withdraw,
 )
 from archsweep.core.train.runs.runinfo import RunInfo, run_info
-from archsweep.core.train.runs.sweep import append_summary, earlier_run, failure_line
+from archsweep.core.train.runs.sweep import FINISHED, append_summary, earlier_run, failure_line
 
 log = logging.getLogger("train")
 
@@ -60,8 +62,9 @@ def run_job(cfg: DictConfig, start_time: float) -> float:
             return math.nan
         done = skip_or_resume(cfg, info, setup)
         if done is not None:
-            append_summary(info, done, skipped=True)
-            return objective_value(done, cfg.objective)
+            if info.multirun:
+                append_summary(info, done, skipped=True)
+            return objective_value(done, cfg.objective, cfg.get("pause_at"))
         results = train_checked(cfg, info, setup, start_time)
     except CellConflict as error:  # never record anything in that directory
         log.error(f"job {info.job_num} ({info.name}) not run: {error}")
@@ -168,7 +171,7 @@ def finished(cfg: DictConfig, info: RunInfo, results: dict[str, Any] | None) -> 
         # a submitit job stopped by submitit's preemption notice: its handler requeues it
         requeue(results["interrupted"]["signal"], STOPS.handler_before)
         raise SystemExit(results["interrupted"]["exit_code"])
-    return objective_value(results, cfg.objective) if results else math.nan
+    return objective_value(results, cfg.objective, cfg.get("pause_at")) if results else math.nan
 
 
 def record_failure(info: RunInfo, error: BaseException, seed: Any) -> dict[str, Any]:
@@ -206,9 +209,10 @@ def cpu_threads(cfg: DictConfig) -> int | None:
 
 def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, Any] | None:
     """In a sweep re-run into its own directory: the earlier results of a finished cell (the job is skipped),
-    or None after pointing an interrupted cell at its last checkpoint."""
+    or None after pointing an interrupted or paused cell at its last checkpoint. A single run continued in its
+    directory (resume=) with a pause_at it has reached: its results (nothing is trained)."""
     if not info.multirun:
-        return None
+        return reached_pause(cfg, info) if cfg.get("resume") else None
     try:
         state, results = earlier_run(info.run_dir, OmegaConf.to_container(cfg, resolve=True))
     except ValueError as e:
@@ -219,8 +223,24 @@ def skip_or_resume(cfg: DictConfig, info: RunInfo, setup: Setup) -> dict[str, An
     if state == "resume" and setup.ckpt_path is None:
         setup.ckpt_path = usable_checkpoint(info)
         if setup.ckpt_path is not None:
-            log.info(f"resuming the interrupted run from {setup.ckpt_path}")
+            log.info(f"resuming the {(results or {}).get('status') or 'interrupted'} run from {setup.ckpt_path}")
     return None
+
+
+def reached_pause(cfg: DictConfig, info: RunInfo) -> dict[str, Any] | None:
+    """The results of the run in `info.run_dir` when they hold the budget pause_at asks for (paused there or at a
+    later budget, or finished), else None."""
+    pause_at = cfg.get("pause_at")
+    try:
+        results = Results.read(info.run_dir / RESULTS).to_dict() if pause_at is not None else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if results is None or not (results["status"] in FINISHED or paused_beyond(results, pause_at)):
+        return None
+    where = f"budget {results['paused']['at']:g}" if results["status"] == "paused" else "its end"
+    log.info(f"{info.run_dir} is {results['status']} at {where}, at or beyond pause_at={pause_at:g}: nothing to "
+             f"train; its results are kept as they are")
+    return results
 
 
 def usable_checkpoint(info: RunInfo) -> Path | None:
@@ -245,12 +265,17 @@ class CellConflict(RuntimeError):
     """A sweep job's directory holds a run of another configuration; it is left untouched."""
 
 
-def objective_value(results: dict[str, Any], objective: str) -> float:
-    """results[split][name] for objective "split/name" (NaN, with a logged error, when the run has no such metric)."""
+def objective_value(results: dict[str, Any], objective: str, pause_at: float | None = None) -> float:
+    """results[split][name] for objective "split/name" (NaN, with a logged error, when the run has no such metric).
+    With pause_at, a validation metric is that budget branch's (results.json `budgets`: what a paused run has),
+    where the run recorded that budget."""
     split, _, name = objective.partition("/")
-    value = (results.get(split) or {}).get(name)
+    budget = next((b for b in results.get("budgets") or [] if pause_at is not None and split == "val"
+                   and abs(b.get("fraction", -1.0) - pause_at) <= FRACTION_TOLERANCE), None)
+    value = budget.get(objective) if budget is not None else (results.get(split) or {}).get(name)
     if not isinstance(value, (int, float)):
-        log.error(f"objective={objective!r}: the run recorded no such metric; available: "
-                  + ", ".join(f"{s}/{k}" for s in ("val", "test") for k in results.get(s) or {}))
+        known = [k for k in budget if k.startswith("val/")] if budget is not None else \
+            [f"{s}/{k}" for s in ("val", "test") for k in results.get(s) or {}]
+        log.error(f"objective={objective!r}: the run recorded no such metric; available: {', '.join(known)}")
         return math.nan
     return float(value)

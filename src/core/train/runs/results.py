@@ -13,16 +13,18 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from archsweep.core.train.config.wsd import FRACTION_TOLERANCE
+
 RESULTS = "results.json"
-VERSION = 3  # 3: compare, budget, budgets (2: the schema numbered; 1: before)
-STATUSES = ("completed", "failed", "diverged", "interrupted")
+VERSION = 4  # 4: status paused and `paused`; 3: compare, budget, budgets (2: the schema numbered; 1: before)
+STATUSES = ("completed", "failed", "diverged", "interrupted", "paused")
 # JSON objects, or null
-OBJECTS = ("choices", "diverged", "interrupted", "train", "by_length", "by_context", "compare", "budget")
+OBJECTS = ("choices", "diverged", "interrupted", "paused", "train", "by_length", "by_context", "compare", "budget")
 
 
 @dataclass
 class Results:
-    status: str  # completed | failed | diverged | interrupted
+    status: str  # completed | failed | diverged | interrupted | paused
     error: str | None = None  # a failed run's exception, `Type: message`
     name: str | None = None  # the overrides that set the run apart ("defaults" for none)
     group: str | None = None
@@ -38,6 +40,7 @@ class Results:
     task_family: str | None = None  # lm, translation, classification, synthetic: compare.py's defaults follow it
     diverged: dict[str, Any] | None = None  # {"step", "reason"} when the divergence check stopped the run
     interrupted: dict[str, Any] | None = None  # {"signal", "step", "exit_code"} of a run stopped by a signal
+    paused: dict[str, Any] | None = None  # {"at": the budget fraction (pause_at), "step"} of a run paused there
     train: dict[str, Any] | None = None  # {"loss": last logged training loss, "loss_spikes"}
     splits: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> metric -> value (top-level keys)
     by_length: dict[str, Any] | None = None  # split -> source length -> {"n", "exact_match", "acc"}
@@ -131,3 +134,11 @@ class Results:
         if head in self.splits or head == "splits":
             return None
         return getattr(self, head, None) if head in {f.name for f in fields(self)} else None
+
+
+def paused_beyond(results: dict[str, Any] | None, pause_at: float | None) -> bool:
+    """Whether results.json `results` is a run paused at the budget `pause_at` or a later one: continued with that
+    pause_at, it has nothing to train (None, the end: never)."""
+    paused = (results or {}).get("paused") if (results or {}).get("status") == "paused" else None
+    at = paused.get("at") if isinstance(paused, dict) else None
+    return pause_at is not None and isinstance(at, (int, float)) and at >= pause_at - FRACTION_TOLERANCE

@@ -11,7 +11,9 @@ The same command re-run after an interrupt continues the run too, by one rule: w
 run under `<output_root>/runs` launched with exactly these overrides, when that run was interrupted; with
 `hydra.run.dir=<dir>`, that directory, when it holds an interrupted run launched with these overrides. A finished
 or failed newest run, different overrides, a sweep (`-m`, which resumes its cells itself) or any `ckpt_path`,
-`overwrite` or `resume` on the command line leave the command as it is.
+`overwrite` or `resume` on the command line leave the command as it is. A paused run (`pause_at`) counts as
+finished here: its command ended as asked (exit 0), and the same command with another pause_at is another
+command line; `resume=<dir> pause_at=<later or null>` continues it.
 
 Light (PyYAML only): all of it runs before Hydra composes.
 """
@@ -94,7 +96,9 @@ def resume_args(run_dir: Path, extras: list[str]) -> list[str]:
     status, steps = run_status(run_dir)
     asked = [a.split("=", 1)[1] for a in extras if override_key(a) == "trainer.max_steps" and "=" in a]
     longer = bool(asked) and asked[-1].isdigit() and int(asked[-1]) > (steps or 0)
-    if status == "completed" and not longer:
+    pause = [a.split("=", 1)[1] for a in extras if override_key(a) == "pause_at" and "=" in a]
+    paused_earlier = bool(pause) and pause[-1] not in ("", "null", "None")  # job.py returns its results as they are
+    if status == "completed" and not longer and not paused_earlier:
         raise ValueError(f"{value}: that run completed its {steps} steps; to train it further add "
                          f"trainer.max_steps=<more than {steps}>")
     given = {override_key(a) for a in extras}

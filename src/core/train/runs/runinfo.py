@@ -13,9 +13,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 # keys that say where or how a run is logged or executed, or how its sweep is read (compare), not what is trained:
-# left out of run names, of the settings a sweep re-run compares, and of compare.py's cells
+# left out of run names, of the settings a sweep re-run compares, and of compare.py's cells (pause_at: where the run
+# stops this time; continued with another, it is the same run)
 SETTINGS = ("ckpt_path", "resume", "output_root", "overwrite", "logger", "hydra", "threads", "trace_shapes",
-            "data_dir", "compare")
+            "data_dir", "compare", "pause_at")
 
 
 def override_key(override: str) -> str:

@@ -6,9 +6,10 @@ whatever processes the launcher runs them, see each other's lines in summary.jso
 each distinct error once, with the jobs it hit and where their results.json hold it.
 
 Re-running a sweep into its own directory (`hydra.sweep.dir=<dir>`; experiment presets use a fixed one) skips
-the cells already completed or diverged there, resumes interrupted ones from their last checkpoint, and runs
-the rest. A directory holding a sweep launched with other overrides is refused before any job starts, so no
-finished run is ever overwritten, and a directory another live launcher holds is refused (an exclusive lock,
+the cells already completed or diverged there (and those paused at or beyond the `pause_at` asked), resumes
+interrupted ones (and paused ones asked to go further) from their last checkpoint, and runs the rest. A directory
+holding a sweep launched with other overrides is refused before any job starts, so no finished run is ever
+overwritten, and a directory another live launcher holds is refused (an exclusive lock,
 `archsweep.core.train.runs.rundir`).
 """
 
@@ -26,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from archsweep.core.model.checkpoint import CKPT_DIR
 from archsweep.core.train.monitoring.console import set_job
-from archsweep.core.train.runs.results import RESULTS, Results
+from archsweep.core.train.runs.results import RESULTS, Results, paused_beyond
 from archsweep.core.train.runs.rundir import (
     DirectoryInUse,
     DirectoryLock,
@@ -39,6 +40,7 @@ from archsweep.core.train.runs.runinfo import is_setting, override_key
 log = logging.getLogger("train")
 SUMMARY = "summary.jsonl"
 FINISHED = ("completed", "diverged")  # outcomes a re-run keeps; a failed or interrupted cell runs again
+ENDED = (*FINISHED, "paused")  # no failure at the sweep's end (a paused job is continued by a later pause_at)
 LAUNCH_ENV = "ARCHSWEEP_SWEEP_LAUNCH"  # an id of this launch of the sweep, set by SweepSummary in the launching
 # process before any job starts; jobs in other processes (joblib, submitit) inherit it with the environment
 
@@ -83,8 +85,9 @@ def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
 
 def earlier_run(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """What this job's directory already holds: ("new", None), ("finished", results) for a completed or diverged
-    run of the same config, ("resume", None) for an interrupted or failed one with a last checkpoint. A run of a
-    different config raises ValueError (the caller must not touch it)."""
+    run of the same config or one paused at or beyond the config's pause_at, ("resume", results) for an
+    interrupted, failed or paused one with a last checkpoint (results None where none read). A run of a different
+    config raises ValueError (the caller must not touch it)."""
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return "new", None
@@ -97,9 +100,9 @@ def earlier_run(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, A
         results = Results.read(run_dir / RESULTS).to_dict()
     except (OSError, UnicodeDecodeError, ValueError):
         results = None
-    if results and results.get("status") in FINISHED:
+    if results and (results.get("status") in FINISHED or paused_beyond(results, config.get("pause_at"))):
         return "finished", results
-    return ("resume", None) if (run_dir / CKPT_DIR / "last.ckpt").is_file() else ("new", None)
+    return ("resume", results) if (run_dir / CKPT_DIR / "last.ckpt").is_file() else ("new", None)
 
 
 def append_summary(info: Any, results: dict[str, Any], skipped: bool = False) -> None:
@@ -264,9 +267,10 @@ class SweepSummary(Callback):
         rows = read_summary(sweep_dir)
         if not rows:
             return
-        failed = [r for r in rows if r["status"] not in FINISHED]
-        log.info(f"sweep {sweep_dir}: {len(rows) - len(failed)} of {len(rows)} jobs completed\n"
-                 + format_table(rows))
+        failed = [r for r in rows if r["status"] not in ENDED]
+        paused = sum(r["status"] == "paused" for r in rows)
+        log.info(f"sweep {sweep_dir}: {len(rows) - len(failed) - paused} of {len(rows)} jobs completed"
+                 + (f", {paused} paused" if paused else "") + "\n" + format_table(rows))
         errors = format_errors(rows)
         if errors:
             log.info(errors)
