@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,12 @@ from pathlib import Path
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.archsweep_halving import halving_sweeper
 
 BEST = {"a": 1e-3, "b": 1e-2}
+WORSE = {"a": 0.0, "b": 0.1}  # cell b's loss at its best rate is this much above cell a's (the final test loss)
 FLOPS_PER_STEP = 1e6
 
 
@@ -39,6 +41,7 @@ class App:
     optim: dict = field(default_factory=lambda: {"lr": 1e-3})
     trainer: dict = field(default_factory=lambda: {"max_steps": 90})
     schedule: Schedule = field(default_factory=Schedule)
+    compare: dict = field(default_factory=dict)
 
 
 ConfigStore.instance().store(name="halving_app", node=App)
@@ -46,6 +49,11 @@ ConfigStore.instance().store(name="halving_app", node=App)
 
 def loss(cell: str, lr: float, seed: int, fraction: float) -> float:
     return (math.log10(lr) - math.log10(BEST[cell])) ** 2 + 0.1 / fraction + 0.001 * seed
+
+
+def test_loss(cell: str, lr: float, seed: int) -> float:
+    """The end's loss, with a cell's offset and a seed's noise (the same for every cell)."""
+    return loss(cell, lr, seed, 1.0) + WORSE[cell] + random.Random(f"{cell}{seed}").gauss(0.0, 0.01)
 
 
 @hydra.main(config_path=None, config_name="halving_app", version_base="1.3")
@@ -72,7 +80,12 @@ def main(cfg: DictConfig) -> float:
                             "branch_train_flops": 0.2 * fraction * cfg.trainer.max_steps * FLOPS_PER_STEP})
     results = {"status": "completed" if cfg.pause_at is None else "paused", "steps": steps, "seed": cfg.seed,
                "total_flops": steps * FLOPS_PER_STEP, "budgets": budgets,
-               "paused": None if cfg.pause_at is None else {"at": float(cfg.pause_at), "step": steps}}
+               "paused": None if cfg.pause_at is None else {"at": float(cfg.pause_at), "step": steps},
+               "overrides": [o for o in HydraConfig.get().overrides.task if not o.startswith("pause_at=")],
+               "compare": OmegaConf.to_container(cfg.compare) or None}
+    if cfg.pause_at is None:
+        end = test_loss(cfg.cell, cfg.optim.lr, cfg.seed)
+        results |= {"val": {"loss": loss(cfg.cell, cfg.optim.lr, cfg.seed, 1.0)}, "test": {"loss": end}}
     path.write_text(json.dumps(results))
     return loss(cfg.cell, cfg.optim.lr, cfg.seed, end)
 

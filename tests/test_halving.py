@@ -139,3 +139,64 @@ def test_compare_reports_the_flops_spent_and_each_budgets_rank_agreement_with_th
     assert ("Training FLOPs spent: 1.32e+03 (pruned runs and cool-down branches included), 110% of the full "
             "grid's 1.2e+03") in text
     assert "Kendall's tau of each cell's optim.lr values" in text and "0.5: +0.00 (2 cells, 6 values)" in text
+
+
+@pytest.mark.slow
+def test_with_sequential_seeds_the_sweep_adds_seeds_until_the_comparison_is_decided(tmp_path):
+    """After the rungs, cell b (0.1 worse at its best rate, seed noise 0.01) against the baseline cell a is open
+    at 2 seeds; the sweeper adds seeds 2 and 3 to both, at each cell's chosen rate, and stops once it is decided."""
+    from archsweep.core.report import compare
+
+    s = tmp_path / "sweep"
+    block = "+compare={tune:[optim.lr],baseline:'cell=a',metric:'test/loss',sequential:true,max_seeds:6,seed_batch:2}"
+    out = scripts.run([sys.executable, str(APP), "-m", "hydra/sweeper=halving", "hydra.sweeper.rungs=[0.25,0.5]",
+                       "hydra.sweeper.eta=2", "hydra.sweeper.sequential=true", "cell=a,b",
+                       "optim.lr=1e-4,1e-3,1e-2,1e-1", "seed=0,1", block, f"hydra.sweep.dir={s}"],
+                      cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    added = [x for x in launches(s) if int(x[0]) >= 16]
+    assert sorted(added) == [(str(i), None) for i in range(16, 20)]  # seeds 2, 3 of both cells, to the end
+    state = json.loads((s / "halving.json").read_text())
+    assert sorted(state["seeds"]) == ["12:2", "12:3", "2:2", "2:3"]  # each cell's chosen-rate job, re-seeded
+    report = compare([s])
+    b = next(c for c in report.cells if c.values["cell"] == "b")
+    assert (b.test.verdict, b.test.seeds_used, b.tuning.chosen.values) == ("worse", 4, {"optim.lr": "0.01"})
+    assert report.runs("paused") and len(report.runs("completed")) == 8
+
+
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64", "task.batch_size=16",
+        "task.max_len=8", "task.val_batches=2", "task.test_batches=2", "trainer.max_steps=24",
+        "trainer.val_check_interval=12", "trainer.log_every_n_steps=6", "logger=csv", "schedule=wsd",
+        "schedule.warmup_steps=1", "eval.decode_samples=0", "diagnostics.attention_maps=false", "threads=1"]
+
+
+def spent(results: dict) -> float:
+    """A run's training FLOPs, read here from its results.json: its own and its branches' decays."""
+    return results["total_flops"] + sum(b["branch_train_flops"] or 0.0 for b in results.get("budgets") or [])
+
+
+@pytest.mark.slow
+def test_a_real_halving_sweep_continues_survivors_and_reports_the_flops_its_runs_spent(tmp_path):
+    from archsweep.core.report import compare
+
+    s = tmp_path / "sweep"
+    out = scripts.run([sys.executable, "train.py", "-m", *TINY, "hparams_search=halving",
+                       "hydra.sweeper.rungs=[0.25,0.5]", "norm=pre,post", "optim.lr=1e-4,3e-3,3e-1", "seed=0,1",
+                       "compare.baseline='norm=pre'", "compare.max_seeds=2", f"hydra.sweep.dir={s}",
+                       f"output_root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                      env={**os.environ, "WANDB_MODE": "disabled"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    state = json.loads((s / "halving.json").read_text())
+    assert [len(r["jobs"]) for r in state["rungs"]] == [12, 4] and len(state["final"]) == 4
+    runs = {int(p.name): json.loads((p / "results.json").read_text()) for p in s.iterdir() if p.name.isdigit()}
+    assert len(runs) == 12
+    for job, res in runs.items():
+        if job in state["final"]:  # trained on from its pause, not again from step 0
+            assert res["status"] == "completed" and res["steps"] == 24 and res["resumed_from"]
+            assert [b["fraction"] for b in res["budgets"]] == [0.25, 0.5, 1.0]
+        else:
+            at = 0.5 if job in state["rungs"][1]["jobs"] else 0.25
+            assert res["status"] == "paused" and res["paused"]["at"] == at and res["steps"] < 24
+    report = compare([s])
+    assert report.pruning.spent == pytest.approx(sum(spent(r) for r in runs.values()), rel=1e-12)
+    assert report.pruning.share < 0.75  # 12 runs to a quarter, 4 to a half, 4 to the end: about 0.6 of 12 full runs

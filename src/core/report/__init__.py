@@ -33,6 +33,7 @@ from archsweep.core.report.scaling import plot_scaling, scaling_fits
 from archsweep.core.report.sequential import Design
 from archsweep.core.report.significance import against_baseline, find_baselines
 from archsweep.core.report.tuning import resolve_tune, selection_metric, tune_cell
+from archsweep.core.train.runs.halving import STATE as HALVING
 
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
 FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
@@ -213,7 +214,7 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
                      sequential_asked=bool(sequential))
     if report.significance is not None and selection is not None and selection.key == order.key:
         report.significance.biased = True
-    if tuned:
+    if tuned or any((p / HALVING).is_file() for p in paths):
         report.pruning = pruning(report.cells, paths, selection.key if selection is not None else None)
     return report
 
