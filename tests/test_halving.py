@@ -66,11 +66,11 @@ def test_a_rung_is_scored_on_its_branch_and_reached_by_a_pause_at_or_beyond_it()
     assert not reached({"status": "interrupted"}, 0.25) and not reached(None, 0.25)
 
 
-def sweep(sweep_dir: Path, env: dict | None = None):
+def sweep(sweep_dir: Path, env: dict | None = None, launcher: tuple[str, ...] = ()):
     return scripts.run([sys.executable, str(APP), "-m", "hydra/sweeper=halving", "hydra.sweeper.rungs=[0.25,0.5]",
                         "hydra.sweeper.eta=2", "cell=a,b", "optim.lr=1e-4,1e-3,1e-2,1e-1", "seed=0,1",
-                        f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, **(env or {})})
+                        f"hydra.sweep.dir={sweep_dir}", *launcher], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, **(env or {})})
 
 
 def launches(sweep_dir: Path) -> list[tuple[str, float | None]]:
@@ -78,8 +78,10 @@ def launches(sweep_dir: Path) -> list[tuple[str, float | None]]:
 
 
 @pytest.mark.slow
-def test_a_halving_sweep_keeps_each_cells_best_rate_and_trains_only_survivors(tmp_path):
-    out = sweep(tmp_path / "sweep")
+@pytest.mark.parametrize("launcher", [(), ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2"),
+                                      ("hydra/launcher=submitit_local",)], ids=["basic", "joblib", "submitit"])
+def test_a_halving_sweep_keeps_each_cells_best_rate_and_trains_only_survivors(tmp_path, launcher):
+    out = sweep(tmp_path / "sweep", launcher=launcher)
     assert out.returncode == 0, out.stderr
     state = json.loads((tmp_path / "sweep" / "halving.json").read_text())
     final = {json.loads((tmp_path / "sweep" / str(i) / "results.json").read_text())["status"] for i in state["final"]}
@@ -89,7 +91,7 @@ def test_a_halving_sweep_keeps_each_cells_best_rate_and_trains_only_survivors(tm
                                                                                   ("cell=b", "1e-2")]
     # 16 jobs to 0.25, the best half (8) to 0.5, the best of each cell (4 jobs) to the end; each in its own folder
     assert [len([x for x in launches(tmp_path / "sweep") if x[1] == p]) for p in (0.25, 0.5, None)] == [16, 8, 4]
-    assert sorted(int(p.name) for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == list(range(16))
+    assert sorted(int(p.name) for p in (tmp_path / "sweep").iterdir() if p.name.isdigit()) == list(range(16))
     assert [len(r["kept"]) for r in state["rungs"]] == [8, 4]
     assert "halving: rung 0.25 kept 4 of 8 optim.lr values (8 jobs) by val/loss" in out.stderr + out.stdout
 
