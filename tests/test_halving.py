@@ -202,3 +202,40 @@ def test_a_real_halving_sweep_continues_survivors_and_reports_the_flops_its_runs
     report = compare([s])
     assert report.pruning.spent == pytest.approx(sum(spent(r) for r in runs.values()), rel=1e-12)
     assert report.pruning.share < 0.75  # 12 runs to a quarter, 4 to a half, 4 to the end: about 0.6 of 12 full runs
+
+
+def test_the_replay_of_a_full_grid_prunes_on_its_budgets_and_stops_seeds_at_the_decision(tmp_path):
+    """A full grid (2 cells x 3 rates x 4 seeds) whose runs recorded a budget at 0.5: every run spent 100 FLOPs, and
+    its 0.5 budget 55 (45 to the decay start, 10 of decay). Replayed at rung 0.5 with eta 3 on seeds 0, 1: each cell
+    pauses its two worse rates there (4 runs x 55) and keeps its best, and post-norm, 0.5 worse on every seed,
+    is decided at the first look, so each cell runs 2 seeds of its best rate (2 x 110): 440 of the grid's 1200."""
+    from test_compare import done, write_run
+
+    from archsweep.core.report import compare
+    from archsweep.core.report.pruning import paused_cost, replay
+    from archsweep.core.report.sequential import Design
+
+    s = tmp_path / "grid"
+    best = {"pre": "3e-3", "post": "1e-2"}
+    for norm in ("pre", "post"):
+        for lr in ("1e-3", "3e-3", "1e-2"):
+            for seed in range(4):
+                gap = 0.0 if lr == best[norm] else 0.3
+                worse = 0.5 + 1e-4 * seed if norm == "post" else 0.0
+                end = 1.0 + worse + gap + 0.01 * seed
+                budgets = [{"fraction": 0.5, "steps": 5, "flops": 55.0, "branch_train_flops": 10.0,
+                            "val/loss": end + 1.0},
+                           {"fraction": 1.0, "steps": 10, "flops": 100.0, "branch_train_flops": None, "val/loss": end}]
+                results = {**done(end, 0.5, 0.5, seed=seed), "test": {"loss": end}, "total_flops": 100.0,
+                           "budgets": budgets, "compare": {"tune": ["optim.lr"], "baseline": "norm=pre"}}
+                write_run(s / f"{norm}{lr}{seed}", [f"norm={norm}", f"optim.lr={lr}", f"seed={seed}"], results)
+    report = compare([s])
+    cells = {c.values["norm"]: c for c in report.cells}
+    assert paused_cost(cells["pre"].runs[0], 0.5) == 55.0 and paused_cost(cells["pre"].runs[0], 0.25) is None
+    design = Design(0.05, None, 2, 2, 4, 1)
+    out = {r.label: r for r in replay(report.cells, "optim.lr", "val/loss", True, [0.5], 3, 2, design,
+                                      report.significance.baseline_of, "test/loss", True)}
+    post, pre = out["norm=post"], out["norm=pre"]
+    assert (post.chosen, post.rungs, post.seeds, post.verdict) == ("0.01", [3, 1], 2, "worse")
+    assert (pre.chosen, pre.rungs, pre.seeds, pre.verdict) == ("0.003", [3, 1], 2, None)
+    assert post.flops == pre.flops == 4 * 55.0 + 2 * 110.0

@@ -167,3 +167,90 @@ def lines(p: Pruning, tuned: list[str]) -> list[str]:
         out.append(f"Rank agreement of each budget with the end (Kendall's tau of each cell's {what} values by "
                    f"their mean, averaged over cells): {'; '.join(parts)}.")
     return out
+
+
+@dataclass
+class Replayed:
+    """One cell of a full grid as the efficient design would have run it (`replay`)."""
+
+    label: str
+    chosen: str | None  # the tuned value the survivors' end chose
+    rungs: list[int]  # values entering each rung, then the end
+    seeds: int  # seeds the comparison used (its decision's; the baseline: the most any comparison used)
+    verdict: str | None  # the sequential design's (None for the baseline)
+    flops: float  # what the pruned, sequential design spent on this cell
+
+
+def paused_cost(run: Run, fraction: float) -> float | None:
+    """What `run` would have spent paused at budget `fraction`: its training to that budget's decay start and the
+    decays of its branches up to it (from its recorded budgets; None when it has not that budget)."""
+    budgets = {float(b["fraction"]): b for b in run.results.budgets or []
+               if isinstance(b.get("fraction"), (int, float))}
+    entry = next((b for f, b in budgets.items() if math.isclose(f, fraction, abs_tol=1e-9)), None)
+    if entry is None or not isinstance(entry.get("flops"), (int, float)):
+        return None
+    decays = [b.get("branch_train_flops") or 0.0 for f, b in budgets.items() if f <= fraction + 1e-9 and f < 1]
+    return float(entry["flops"]) - float(entry.get("branch_train_flops") or 0.0) + sum(decays)
+
+
+def replay(cells: list[Cell], tuned: str, key: str, lower_better: bool, rungs: list[float], eta: int,
+           start: int, design: Any, baseline_of: Any, sort_key: str, sort_lower: bool) -> list[Replayed]:
+    """The efficient design replayed on a full grid whose runs recorded budget branches at `rungs`: halving on the
+    first `start` seeds (each rung ranks a cell's values by `key` at that budget), the value chosen among the
+    survivors on `key` at the end, then each cell against its baseline (`baseline_of`) by the sequential `design`
+    on `sort_key`, seeds in order. Exact where pausing is (the paused run is the full run's prefix): its choices
+    and costs are read from the full runs' results."""
+    from archsweep.core.report.sequential import sequence
+    from archsweep.core.report.significance import verdict_of
+    from archsweep.core.train.runs.halving import Job, survivors
+
+    def seed_key(run: Run) -> tuple[int, float, str]:
+        seed = run.values.get("seed")
+        try:
+            return (0, float(seed), "")
+        except (TypeError, ValueError):
+            return (1, 0.0, str(seed))
+
+    out: dict[int, Replayed] = {}
+    picks: dict[int, list[Run]] = {}
+    for cell in cells:
+        runs = [*cell.runs, *cell.others]
+        seeds = list(dict.fromkeys(r.values.get("seed") for r in sorted(runs, key=seed_key)))[:start]
+        first = [r for r in runs if r.values.get("seed") in seeds]
+        jobs = [Job(i, (), (cell.label,), str(r.values.get(tuned)), str(r.values.get("seed")))
+                for i, r in enumerate(first)]
+        alive, spent, counts = jobs, 0.0, []
+        for fraction in rungs:
+            counts.append(len({j.value for j in alive}))
+            scores = {j.id: budget_value(first[j.id], fraction, key) for j in alive}
+            kept = survivors(alive, scores, eta, lower_better)
+            spent += sum(paused_cost(first[j.id], fraction) or 0.0 for j in alive if j not in kept)
+            alive = kept
+        counts.append(len({j.value for j in alive}))
+        ends = {}
+        for job in alive:
+            value = metric(first[job.id], key)
+            ends.setdefault(job.value, []).append(math.inf if value is None else value)
+        sign = 1.0 if lower_better else -1.0
+        chosen = min(ends, key=lambda v: sign * statistics.fmean(ends[v])) if ends else None
+        picks[id(cell)] = sorted((r for r in runs if str(r.values.get(tuned)) == chosen and r.status == "completed"),
+                                 key=seed_key)
+        finalists = [first[j.id] for j in alive if j.value != chosen]
+        spent += sum(run_flops(r) or 0.0 for r in finalists)
+        out[id(cell)] = Replayed(cell.label, chosen, counts, 0, None, spent)
+    tested = [c for c in cells if baseline_of(c) is not None and baseline_of(c) is not c]
+    for cell in tested:
+        base = baseline_of(cell)
+        by_seed = {r.values.get("seed"): metric(r, sort_key) for r in picks[id(base)]}
+        pairs = [(metric(r, sort_key), by_seed.get(r.values.get("seed"))) for r in picks[id(cell)]]
+        diffs = [a - b for a, b in pairs if a is not None and b is not None]
+        result = sequence(diffs, design) if len(diffs) >= design.start else None
+        replayed = out[id(cell)]
+        replayed.seeds = result.seeds if result is not None else len(diffs)
+        replayed.verdict = (verdict_of(result.decision, result.seeds, result.next_seeds, design.detect, sort_lower)
+                            if result is not None else f"{len(diffs)} seeds")
+        out[id(base)].seeds = max(out[id(base)].seeds, replayed.seeds)
+    for cell in cells:
+        used = out[id(cell)].seeds or start
+        out[id(cell)].flops += sum(run_flops(r) or 0.0 for r in picks[id(cell)][:used])
+    return [out[id(c)] for c in cells]
