@@ -22,6 +22,13 @@ from archsweep.core.report.pruning import replay
 from archsweep.core.report.sequential import Design
 
 
+def claim(verdict: str | None) -> str:
+    """What a verdict says about better or worse: the fixed design's "no detectable difference" and the sequential
+    one's "undecided", "open" or "no difference as large as D" all claim neither."""
+    word = (verdict or "").split(" ")[0]
+    return word if word in ("better", "worse") else "neither"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweep", help="a full grid's sweep directory")
@@ -61,12 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         value = cell.tuning.chosen.values[report.tuned[0]] if cell.tuning and cell.tuning.chosen else "-"
         verdict = "baseline" if sig.is_baseline(cell) else (cell.test.verdict or "-") if cell.test else "-"
         agree_value += value == rep.chosen
-        agree_verdict += sig.is_baseline(cell) or (rep.verdict or "").split(" ")[0] == verdict.split(" ")[0]
+        agree_verdict += sig.is_baseline(cell) or claim(rep.verdict) == claim(verdict)
         print(f"{cell.label:<40} {value:>12} {verdict[:10]:>10} | {rep.chosen or '-':>13} "
               f"{'>'.join(map(str, rep.rungs)):>8} {rep.seeds:>5} {(rep.verdict or 'baseline')[:32]:>32} "
               f"{full:>11.3g} {rep.flops:>9.3g} {rep.flops / full if full else float('nan'):>6.0%}")
     spent = sum(r.flops for r in replayed)
-    print(f"same chosen value: {agree_value}/{len(replayed)} cells; same verdict: {agree_verdict}/{len(replayed)}; "
+    print(f"same chosen value: {agree_value}/{len(replayed)} cells; the same claim (better, worse or neither): "
+          f"{agree_verdict}/{len(replayed)}; "
           f"FLOPs: replay {spent:.4g} of the full grid's {full_total:.4g} = {spent / full_total:.1%}")
     for a in report.pruning.agreement if report.pruning else []:
         print(f"Kendall's tau of budget {a.fraction:g} with the end: "
