@@ -17,7 +17,7 @@ from scipy import stats
 
 from archsweep.core.report.cells import Cell
 from archsweep.core.report.runs import Run, metric
-from archsweep.core.train.runs.halving import STATE, flops_spent
+from archsweep.core.train.runs.halving import STATE, flops_spent, rung_score
 
 
 @dataclass
@@ -88,11 +88,8 @@ def cell_rungs(cell: Cell, halving: dict[str, Any] | None) -> str | None:
 
 
 def budget_value(run: Run, fraction: float, key: str) -> float | None:
-    for entry in run.results.budgets or []:
-        if math.isclose(float(entry.get("fraction", -1)), fraction, abs_tol=1e-9):
-            value = entry.get(key)
-            return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-    return None
+    """The run's `key` at the budget `fraction` (its branch's validation), None when it has none."""
+    return rung_score({"budgets": run.results.budgets}, fraction, key)
 
 
 def agreement(cells: list[Cell], key: str) -> list[Agreement]:
@@ -201,15 +198,11 @@ def replay(cells: list[Cell], tuned: str, key: str, lower_better: bool, rungs: l
     on `sort_key`, seeds in order. Exact where pausing is (the paused run is the full run's prefix): its choices
     and costs are read from the full runs' results."""
     from archsweep.core.report.sequential import sequence
-    from archsweep.core.report.significance import verdict_of
+    from archsweep.core.report.significance import seed_order, verdict_of
     from archsweep.core.train.runs.halving import Job, survivors
 
     def seed_key(run: Run) -> tuple[int, float, str]:
-        seed = run.values.get("seed")
-        try:
-            return (0, float(seed), "")
-        except (TypeError, ValueError):
-            return (1, 0.0, str(seed))
+        return seed_order(run.values.get("seed"))
 
     out: dict[int, Replayed] = {}
     picks: dict[int, list[Run]] = {}
