@@ -417,3 +417,71 @@ def compare_wandb(report: Any, written: list[Path], mode: str) -> int:
 
 def compare() -> None:
     sys.exit(compare_main())
+
+
+COORDCHECK_DOC = """Does every module's output keep its size as the model widens? Trains the model the overrides compose
+at several widths for a few steps and prints, per module, how far its output moved (root mean square of the change
+since initialisation, averaged over seeds) at each width, and the spread (largest / smallest). Under a
+width-transferring parametrisation (param=mup) it exits 1 when a module's spread exceeds --threshold.
+
+examples:
+  archsweep-coordcheck model=decoder_only task=shakespeare_char param=mup
+  archsweep-coordcheck model=decoder_only task=copy param=sp --widths 64,128,256,512
+"""
+
+
+def coordcheck_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="archsweep-coordcheck", description=COORDCHECK_DOC.split("\n\n")[0],
+                                epilog=COORDCHECK_DOC.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="train.py overrides of the model, task and optimiser")
+    p.add_argument("--widths", help="comma-separated d_model values, at least 2 (default: the composed d_model "
+                   "times 1, 2, 4, 8)")
+    p.add_argument("--steps", type=int, default=4, help="training steps at each width (default: 4)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds averaged at each width (default: 3)")
+    p.add_argument("--threshold", type=float, default=1.5, help="the largest spread a module may have under a "
+                   "width-transferring parametrisation (default: 1.5)")
+    p.add_argument("--plot", metavar="PNG", help="where the plot goes (default: <output_root>/coordcheck/"
+                   "<param>.png); 'none' for no plot")
+    return p.parse_args(argv)
+
+
+def coordcheck_main(argv: list[str] | None = None) -> int:
+    args = coordcheck_args(argv)
+    from archsweep.composition import composition_error
+
+    problem = check_overrides(args.overrides, "train") or composition_error(args.overrides, CONF, "train")
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.steps < 1 or args.seeds < 1 or args.threshold <= 1:
+        print(f"error: --steps={args.steps} and --seeds={args.seeds} must be at least 1 and --threshold="
+              f"{args.threshold} above 1", file=sys.stderr)
+        return 2
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from archsweep.core.report.coordcheck import coordcheck, plot, report
+    from archsweep.core.train.lifecycle.checks import ConfigError, build_task, model_config
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("train", overrides=args.overrides)
+    try:
+        task = build_task(cfg)
+        model_cfg = model_config(cfg, task, args.overrides)
+        widths = ([int(w) for w in args.widths.split(",") if w.strip()] if args.widths
+                  else [model_cfg.d_model * k for k in (1, 2, 4, 8)])
+        check = coordcheck(model_cfg, task, OmegaConf.to_container(cfg.optim, resolve=True), widths, args.steps,
+                           args.seeds, args.threshold, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report(check))
+    if args.plot != "none":
+        path = Path(args.plot or Path(cfg.output_root) / "coordcheck" / f"{check.param}.png")
+        print(f"plot: {plot(check, path)}")
+    return 0 if check.passed() else 1
+
+
+def coordcheck() -> None:
+    sys.exit(coordcheck_main())

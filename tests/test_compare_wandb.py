@@ -79,8 +79,8 @@ def test_offline_comparison_run_holds_the_table_and_the_plots(sweep, tmp_path, o
                                                                             "demo-group", "demo-project")
     config = {k: v for k, v in run["config"].items() if not k.startswith("_")}
     assert config == {"metric": "test/loss", "lower_better": True, "baseline": "norm=pre", "alpha": 0.05,
-                      "sequential": False, "biased": False, "keys": ["norm"], "tuned": ["optim.lr"], "selection": "val/loss", "sources": ["sweep"],
-                      "run_groups": ["demo-group"]}
+                      "sequential": False, "biased": False, "keys": ["norm"], "tuned": ["optim.lr"],
+                      "selection": "val/loss", "sources": ["sweep"], "run_groups": ["demo-group"]}
 
     (table_file,) = (run_dir / "files" / "media" / "table").glob("comparison_*.table.json")
     table = json.loads(table_file.read_text())

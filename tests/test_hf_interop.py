@@ -62,6 +62,11 @@ def hf_logits(folder, tokens):
     pytest.param({**LLAMA, "bias": True, "tie_embeddings": True, "pos": {"name": "rotary", "scaling": "ntk",
                                                                           "factor": 4.0}}, id="llama-bias-ntk-tied"),
     pytest.param({**LLAMA, "attention": {"name": "sliding_window", "window": 5}}, id="mistral-window"),
+    # muP at 4x its base width: the score factor folded into the query rows, the tied head's logit factor into an
+    # untied head (param/base.py ForwardScales; hf/base.py fold_parametrisation)
+    pytest.param({**LLAMA, "d_model": 128, "d_ff": 384, "param": {"name": "mup", "base_width": 32}}, id="llama-mup"),
+    pytest.param({**LLAMA, "d_model": 128, "d_ff": 384, "tie_embeddings": True,
+                  "param": {"name": "mup", "base_width": 32}}, id="llama-mup-tied"),
 ])
 def test_export_then_from_pretrained_gives_our_logits(tmp_path, fields):
     run, model = save_run(tmp_path, fields)

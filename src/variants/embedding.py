@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from archsweep.variants.param.base import ForwardScales
 from archsweep.variants.plugins.base import OutputPlugins
 from archsweep.variants.roles import HEAD
 
@@ -19,6 +20,10 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model))
         self.scale = math.sqrt(d_model) if scale else 1.0
+
+    def scale_forward(self, scales: ForwardScales) -> None:
+        if self.scale != 1.0:  # the sqrt(d_model) factor, held at the base width's
+            self.scale *= scales.embedding
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = F.embedding(tokens, self.weight)  # (B, T, D)
@@ -43,16 +48,26 @@ class LMHead(nn.Module):
         else:
             self.weight = tied_to.weight
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.logit_scale = 1.0  # a parametrisation's factor on a tied head's logits (`scale_forward`)
+
+    def scale_forward(self, scales: ForwardScales) -> None:
+        if self.tied:  # an untied head's width factor is in its init and learning rate
+            self.logit_scale = scales.logits
+
+    def project(self, x: Tensor) -> Tensor:
+        if self.logit_scale != 1.0:
+            x = x * self.logit_scale  # (B, T, D): cheaper than scaling (B, T, V)
+        return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.plugins(F.linear(x, self.weight, self.bias))  # (B, T, V)
+        return self.plugins(self.project(x))  # (B, T, V)
 
     def roles(self) -> dict[str, str]:
         return {} if self.tied else {"weight": HEAD}  # tied: the embedding's Parameter, and its role
 
     def logits(self, x: Tensor) -> Tensor:
         """(..., D) -> (..., V), observed by no plug-in: for other predictions through the same head (multi-token)."""
-        return self.plugins.transform(F.linear(x, self.weight, self.bias))
+        return self.plugins.transform(self.project(x))
 
     def flops(self, shape: Any) -> float:
         """2 V D per position, tied or not (a tied head is the same product with a shared matrix)."""

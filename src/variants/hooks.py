@@ -23,6 +23,9 @@ variant or plug-in that defines a method a slip away from a hook name (`aux_loss
   `flops(shape)` (flops.py) counts the work a token does; with `shape.total` it counts every parameter's work.
 - `diagnostics(where) -> dict[str, Tensor]`: figures of the module's training forwards of this step (a router's
   expert load), logged as `diag/<name>` on log steps; `where` is the module's place (`decoder.0.ffn`), for names.
+- `scale_forward(scales)`: takes the width-dependent forward constants of a parametrisation (`param/base.py`:
+  `ForwardScales`: attention scores, tied logits, the embedding factor) that the module owns; called once after
+  the model is built (never stored in a checkpoint: every build recomputes them).
 - `step_update()`: called once per optimiser step after its last backward (recomputation included) and before the
   optimiser's step: state changed outside the gradient (a router's load-balancing bias), and per-step records reset.
 """
@@ -61,6 +64,8 @@ class ModuleHooks(Protocol):
     def step_update(self) -> None: ...
 
     def roles(self) -> dict[str, str]: ...
+
+    def scale_forward(self, scales: Any) -> None: ...
 
 
 HOOKS = frozenset(n for n in vars(ModuleHooks) if not n.startswith("_"))  # and each base class's methods

@@ -110,7 +110,7 @@ def _accepts(annotation: Any, value: Any) -> bool:
 
 def _own_init(cls: type) -> bool:
     """Whether the class (or a variant base) defines __init__, rather than inheriting nn.Module's."""
-    return not cls.__init__.__module__.startswith("torch.") and cls.__init__ is not object.__init__
+    return cls.__init__ is not object.__init__ and not cls.__init__.__module__.startswith("torch.")
 
 
 def _parameters(cls: type) -> list[inspect.Parameter]:

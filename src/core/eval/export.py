@@ -19,6 +19,7 @@ from typing import Any
 from archsweep.core.model.checkpoint import read_checkpoint, resolve_checkpoint
 from archsweep.core.model.config import ModelConfig
 from archsweep.core.model.hf import layout_for
+from archsweep.core.model.hf.base import fold_parametrisation
 from archsweep.core.model.hf.layouts import to_hf
 
 USAGE = "archsweep-export ckpt=<run directory or .ckpt> out=<new or empty folder>"
@@ -77,8 +78,9 @@ def export(ckpt: str | Path, out: str | Path) -> list[Path]:
     if "archsweep" not in state or "state_dict" not in state:
         raise ValueError(f"ckpt={path} is not a train.py checkpoint (no 'archsweep' or 'state_dict' entry)")
     cfg = ModelConfig.from_dict(state["archsweep"]["model_config"])
-    layout = layout_for(cfg)
     ours = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
+    cfg, ours = fold_parametrisation(cfg, ours)  # param=mup's forward constants, into the weights
+    layout = layout_for(cfg)
     weights = to_hf(layout, cfg, ours)
     codec = state["archsweep"].get("codec")
     config = {"architectures": [layout.architecture], "model_type": layout.model_type, "torch_dtype": "float32",

@@ -29,9 +29,12 @@ from archsweep.variants.init import init_weights
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm_type import build_norm
+from archsweep.variants.param import PARAM
+from archsweep.variants.param.base import Parametrisation, Widths, fans
 from archsweep.variants.plugins import PLUGIN
 from archsweep.variants.plugins.base import AttentionPlugin, ModelPlugin, OutputPlugin, OutputPlugins
 from archsweep.variants.pos import POS
+from archsweep.variants.roles import parameter_roles
 
 __all__ = ["COUNTS", "ModelConfig", "build_model", "count_parameters", "flop_count", "flops_per_token",
            "match_d_ff", "match_field", "parameter_count"]
@@ -118,7 +121,71 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         if isinstance(module, Block):
             module.after_init()
     model.config = cfg
+    parametrise(model)
     return model
+
+
+def parametrisation(cfg: ModelConfig) -> Parametrisation:
+    """The chosen parametrisation (`model.param`), built with its options."""
+    return PARAM.build(cfg.param, {})
+
+
+def base_config(cfg: ModelConfig) -> ModelConfig | None:
+    """The base model a width-transferring parametrisation measures against (standard parametrisation, base
+    sizes), None for one that does not transfer."""
+    param = parametrisation(cfg)
+    if not param.transfers_width:
+        return None
+    return dataclasses.replace(cfg, param=PARAM.default, **param.base_sizes(cfg.sizes())).validate()
+
+
+def parameter_widths(model: nn.Module) -> dict[str, tuple[str | None, Widths]]:
+    """{parameter name: (role, its Widths against the base model)} for a model built with a width-transferring
+    parametrisation (its `config`), empty otherwise. Roles must be declared for every parameter (`roles.py`); the
+    base model is built on the meta device (shapes only)."""
+    base_cfg = base_config(model.config)
+    if base_cfg is None:
+        return {}
+    with torch.device("meta"):
+        base = KIND.get(base_cfg.kind).assemble(Parts(base_cfg))
+    shapes = {name: tuple(p.shape) for name, p in base.named_parameters()}
+    out = {}
+    for name, role in parameter_roles(model).items():
+        fan_in, fan_out = fans(role, tuple(model.get_parameter(name).shape))
+        base_in, base_out = fans(role, shapes[name])
+        out[name] = (role, Widths(fan_in / base_in, fan_out / base_out))
+    return out
+
+
+@torch.no_grad()
+def parametrise(model: nn.Module) -> None:
+    """Apply the model's parametrisation: each parameter whose shape scales with the width starts at the standard
+    deviation its namesake in the base model drew (the init scheme at the base shape, measured there), times the
+    parametrisation's `init_scale`; the modules take the forward constants (`scale_forward`). Nothing happens under
+    the standard parametrisation."""
+    cfg = model.config
+    base_cfg = base_config(cfg)
+    if base_cfg is None:
+        return
+    param = parametrisation(cfg)
+    widths = parameter_widths(model)
+    if not any(p.is_meta for p in model.parameters()):
+        with torch.random.fork_rng(devices=[]):  # the base draw leaves the run's random stream alone
+            torch.manual_seed(0)
+            base = build_model(base_cfg)
+        base_params = dict(base.named_parameters())
+        for name, (role, width) in widths.items():
+            p = model.get_parameter(name)
+            if not width.scales:
+                continue
+            actual, target = p.float().std(), base_params[name].float().std()
+            if actual > 0 and target > 0:
+                p.mul_(target * param.init_scale(role, width) / actual)
+    scales = param.forward_scales(cfg.sizes(), base_cfg.sizes())
+    for module in model.modules():
+        hook = getattr(module, "scale_forward", None)
+        if callable(hook):
+            hook(scales)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True, count: str = "total") -> int:

@@ -24,6 +24,7 @@ from archsweep.variants.ffn import FFN
 from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm_type import NORM_TYPE
+from archsweep.variants.param import PARAM
 from archsweep.variants.plugins import PLUGIN
 from archsweep.variants.pos import POS
 from archsweep.variants.registry import Registry, close_match
@@ -68,6 +69,8 @@ class ModelConfig:
     attention: Any = dataclasses.field(default=ATTENTION.default, metadata={"registry": ATTENTION})  # self-attention
     # the chosen plug-ins (`archsweep.variants.plugins`), {name: its options}; a name whose value is None is off
     plugins: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # how init, learning rates and forward constants depend on the width (sp: as set; mup: relative to a base width)
+    param: Any = dataclasses.field(default=PARAM.default, metadata={"registry": PARAM})
 
     bias: bool = True  # biases in attention and FFN projections
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)

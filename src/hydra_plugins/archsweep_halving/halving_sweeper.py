@@ -183,9 +183,8 @@ class HalvingSweeper(Sweeper):
             todo = [j for j in todo if not reached(results_of(sweep_dir, j), None)]
             if not todo or [j.id for j in todo] == before:  # decided, or the same seeds again: they failed
                 if todo:
-                    log.warning(f"halving: {', '.join(' '.join((*j.cell, f'seed={j.seed}')) for j in todo)} ran without "
-                                f"results; "
-                                f"no more seeds added")
+                    failed = ", ".join(" ".join((*j.cell, f"seed={j.seed}")) for j in todo)
+                    log.warning(f"halving: {failed} ran without results; no more seeds added")
                 return returns
             before = [j.id for j in todo]
             log.info(f"halving: {len(wanted)} cells need more seeds for their comparison: {len(todo)} jobs")

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from archsweep.variants.attention.base import AttentionKernel, AttnContext, attend
 from archsweep.variants.cache import KVCache
 from archsweep.variants.flops import Shape, children_flops, linear_flops
+from archsweep.variants.param.base import ForwardScales
 from archsweep.variants.plugins.base import AttentionPlugin, hooks_of
 from archsweep.variants.roles import HIDDEN_OUT
 
@@ -41,6 +42,7 @@ class Attention(nn.Module):
         if len(self.sink_hook) > 1:
             raise ValueError(f"plug-ins {' and '.join(self.sink_hook)} both add a sink logit; choose one")
         self.record: list[Tensor] | None = None  # set by capture_attention
+        self.score_scale = 1.0  # a parametrisation's factor on the scores (`scale_forward`), applied to the queries
 
     def split_heads(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
@@ -55,6 +57,17 @@ class Attention(nn.Module):
 
     def roles(self) -> dict[str, str]:
         return {"out_proj.weight": HIDDEN_OUT} if self.out_proj is not None else {}
+
+    def scale_forward(self, scales: ForwardScales) -> None:
+        self.score_scale = scales.scores
+
+    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The score factor split evenly between queries and keys (the scores are the same as from scaling the
+        queries alone; a kernel feature map (Performer) then sees keys and queries of one size at every width)."""
+        if self.score_scale == 1.0:
+            return q, k
+        root = self.score_scale ** 0.5
+        return q * root, k * root
 
     def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         for name in self.qk_hooks:
@@ -100,6 +113,7 @@ class SelfAttention(Attention):
         q, k = ctx.rotate_qk(q, k, ctx.positions)
         if self.qk_hooks:
             q, k = self.norm_qk(q, k)
+        q, k = self.scale_qk(q, k)
         for name in self.value_hooks:
             v = self.plugins[name].values(v, ctx)
         y = self.kernel(q, k, v, ctx, self.p_drop(), self.record)  # (B, H, T, Dh)
@@ -159,6 +173,7 @@ class CrossAttention(Attention):
                 cache.cross[self.layer] = (k, v)
         if self.qk_hooks:
             q, k = self.norm_qk(q, k)
+        q, k = self.scale_qk(q, k)
         return self.merge_heads(attend(q, k, v, mask, False, self.p_drop(), self.record, self.score_mod()))
 
     def value_output_weights(self) -> list[Tensor]:

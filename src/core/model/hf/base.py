@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torch import Tensor
@@ -35,6 +36,49 @@ def common_refusals(cfg: ModelConfig) -> list[str]:
     if cfg.output_bias:
         out.append("output_bias=true (set model.output_bias=false)")
     return out
+
+
+def fold_parametrisation(cfg: ModelConfig, ours: Weights) -> tuple[ModelConfig, Weights]:
+    """The standard-parametrisation model that computes what `cfg` (any `model.param`) computes, and its weights:
+    a width-transferring parametrisation's forward constants (`param/base.py`: ForwardScales) folded into weights,
+    so a layout with no place for them exports the same logits. The score factor multiplies the query rows of
+    every fused self-attention projection (rotary is linear, so rotating the scaled queries is the same), or a
+    QK-norm's query gain where one normalises them first; a tied head's logit factor becomes an untied head (the
+    embedding times the factor). The embedding factor needs scale_embedding, which the layouts refuse anyway."""
+    from archsweep.core.model.build import base_config, parametrisation
+
+    base = base_config(cfg)
+    if base is None:
+        return cfg, ours
+    scales = parametrisation(cfg).forward_scales(cfg.sizes(), base.sizes())
+    out, rows = dict(ours), cfg.n_heads * cfg.head_dim
+    if scales.scores != 1.0:
+        for key, value in ours.items():
+            stem, _, kind = key.rpartition(".")
+            if stem.endswith("self_attn.qkv_proj"):
+                norm = stem.removesuffix("qkv_proj") + "plugins.qk_norm.q_norm"
+                if f"{norm}.weight" in ours:  # the queries are normalised after the projection: scale the gain
+                    continue
+                out[key] = value.clone()
+                out[key][:rows] *= scales.scores
+            elif stem.endswith("plugins.qk_norm.q_norm"):
+                out[key] = value * scales.scores
+    if scales.logits != 1.0 and cfg.tie_embeddings:
+        embed = next(k for k in ("decoder.embed.weight", "encoder.embed.weight") if k in ours)
+        out["head.weight"] = ours[embed] * scales.logits
+    return folded_config(cfg), out
+
+
+def folded_config(cfg: ModelConfig) -> ModelConfig:
+    """The standard-parametrisation config `fold_parametrisation` exports `cfg` as (an untied head where a tied
+    one has a logit factor); `cfg` itself under the standard parametrisation."""
+    from archsweep.core.model.build import base_config, parametrisation
+
+    base = base_config(cfg)
+    if base is None:
+        return cfg
+    tied = cfg.tie_embeddings and parametrisation(cfg).forward_scales(cfg.sizes(), base.sizes()).logits == 1.0
+    return dataclasses.replace(cfg, param="sp", tie_embeddings=tied).validate()
 
 
 def qkv_split(cfg: ModelConfig) -> list[int]:

@@ -144,9 +144,10 @@ def check_exportable(model_cfg: ModelConfig) -> None:
     """`export=hf`: a model that no Hugging Face layout maps exactly is refused before any training, naming each
     option that has no place and the value that would."""
     from archsweep.core.model.hf import layout_for
+    from archsweep.core.model.hf.base import folded_config
 
     try:
-        layout_for(model_cfg)
+        layout_for(folded_config(model_cfg))
     except ValueError as e:
         raise ConfigError(f"export=hf: {str(e).replace('; nothing was written', '')}; change those options or set "
                           f"export=null") from None

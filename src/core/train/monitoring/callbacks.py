@@ -112,8 +112,9 @@ class Progress(L.Callback):
         if self.first_step_s is None:
             self.first_step_s = time.time() - self.start_time
             log.info(f"first training step {self.first_step_s:.1f} s after start")
-        if trainer.optimizers:  # the first parameter group's rate for this step (LearningRateMonitor logs them all)
-            self.lr = trainer.optimizers[0].param_groups[0]["lr"]
+        if trainer.optimizers:  # the first parameter group's rate for this step (LearningRateMonitor logs them all),
+            group = trainer.optimizers[0].param_groups[0]  # before a parametrisation's factor (`lr_scale`, mup)
+            self.lr = group["lr"] / group.get("lr_scale", 1.0)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -18,8 +18,9 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
+from archsweep.core.model.build import parameter_widths, parametrisation
 from archsweep.core.train.config.wsd import decay_start, decayed
-from archsweep.core.train.optimisers.muon import Muon
+from archsweep.core.train.optimisers.muon import Muon, update_scale
 from archsweep.variants.blocks import Block
 from archsweep.variants.embedding import TokenEmbedding
 from archsweep.variants.hooks import weight_matrices
@@ -61,16 +62,57 @@ def muon_param_groups(model: nn.Module, lr: float, adamw_lr: float, weight_decay
     return [g for g in groups if g["params"]]
 
 
+def lr_scales(model: nn.Module, muon_ids: frozenset[int] = frozenset(), scaling: str = "reference"
+              ) -> dict[int, float]:
+    """{id(parameter): factor on its group's learning rate} under the model's parametrisation (`model.param`); empty
+    under the standard one. Adam-type updates take the parametrisation's `adam_lr`; Muon's (`muon_ids`) its
+    `spectral_lr`, divided by the change in Muon's own shape factor (`update_scale`) from the base shape, so the
+    orthogonalised update's spectral norm is what the parametrisation asks for."""
+    widths = parameter_widths(model)
+    if not widths:
+        return {}
+    param = parametrisation(model.config)
+    scales = {}
+    for name, (role, width) in widths.items():
+        p = model.get_parameter(name)
+        if id(p) in muon_ids:
+            rows, cols = p.shape[-2], p.shape[-1]
+            own = update_scale(rows / width.fan_out, cols / width.fan_in, scaling) / update_scale(rows, cols, scaling)
+            scales[id(p)] = param.spectral_lr(role, width) * own
+        else:
+            scales[id(p)] = param.adam_lr(role, width)
+    return scales
+
+
+def scale_groups(groups: list[dict[str, Any]], scales: dict[int, float], lr: float) -> list[dict[str, Any]]:
+    """Each group split by its parameters' learning-rate factors (`lr_scales`), in first-seen order, with `lr` (the
+    group's own, else `lr`) times the factor and the factor as `lr_scale`; unchanged when `scales` is empty."""
+    if not scales:
+        return groups
+    out = []
+    for group in groups:
+        by_scale: dict[float, list[nn.Parameter]] = {}
+        for p in group["params"]:
+            by_scale.setdefault(scales.get(id(p), 1.0), []).append(p)
+        out += [{**group, "params": params, "lr": group.get("lr", lr) * scale, "lr_scale": scale}
+                for scale, params in by_scale.items()]
+    return out
+
+
 def adamw(model: nn.Module, lr: float, betas: list[float], eps: float, weight_decay: float,
           decay_embeddings: bool = False) -> torch.optim.AdamW:
     """optim=adamw."""
-    return torch.optim.AdamW(param_groups(model, weight_decay, decay_embeddings), lr=lr, betas=tuple(betas), eps=eps)
+    groups = scale_groups(param_groups(model, weight_decay, decay_embeddings), lr_scales(model), lr)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
 
 
 def muon(model: nn.Module, lr: float, momentum: float, nesterov: bool, ns_steps: int, ns_dtype: str, scaling: str,
          weight_decay: float, adamw_lr: float, betas: list[float], eps: float, decay_embeddings: bool = False) -> Muon:
     """optim=muon."""
-    return Muon(muon_param_groups(model, lr, adamw_lr, weight_decay, decay_embeddings), lr=lr, momentum=momentum,
+    groups = muon_param_groups(model, lr, adamw_lr, weight_decay, decay_embeddings)
+    muon_ids = frozenset(id(p) for g in groups if g.get("muon") for p in g["params"])
+    groups = scale_groups(groups, lr_scales(model, muon_ids, scaling), lr)
+    return Muon(groups, lr=lr, momentum=momentum,
                 nesterov=nesterov, ns_steps=ns_steps, ns_dtype=ns_dtype, scaling=scaling, betas=tuple(betas), eps=eps)
 
 

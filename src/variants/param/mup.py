@@ -1,0 +1,82 @@
+"""`mup`, the maximal update parametrisation (Yang et al. 2022, "Tensor Programs V: Tuning Large Neural Networks
+via Zero-Shot Hyperparameter Transfer", Table 3 and appendix B), for Adam-type updates and, through the spectral
+condition (Yang, Simon and Bernstein 2023), for Muon: every layer's update moves its output by an amount that does
+not depend on the width, so the best learning rate found at `base_width` holds at wider models.
+
+Relative to the base model (d_model = base_width, d_ff and head_dim scaled with it; heads, layers and every
+variant's own sizes unchanged), for a parameter whose fan-in grew by m_in and fan-out by m_out:
+
+| role: dimensions that scale | initial std | Adam learning rate | Muon learning rate |
+| --- | --- | --- | --- |
+| matrix: both | / sqrt(m_in) | / m_in | x sqrt(m_out / m_in) |
+| matrix: the fan-in only (a readout) | / m_in | / m_in | x sqrt(1 / m_in) |
+| matrix: the fan-out only | same | same | x sqrt(m_out) |
+| embedding, vector | same | same | (AdamW) |
+
+A matrix is a parameter of role hidden, hidden_out, expert or head. Readouts: an untied head, a router, a gate per
+head, a projection to a fixed-rank latent; a patch projection widens only its fan-out.
+
+The readout rule (TP5's initial variance 1/fan_in^2) matters beyond the head: a matrix that narrows the width to
+a fixed size sees inputs whose change is aligned with its own initial weights, and a 1/sqrt(fan_in) start lets
+that product grow with the width (the coordinate check shows it on a headwise attention gate).
+
+The forward pass: attention scores sqrt(base head_dim) / head_dim instead of 1 / sqrt(head_dim); a head tied to
+the input embedding multiplies its logits by base_width / d_model (the untied head's 1 / m_in is in its init and
+rate, an equivalent form); a sqrt(d_model) embedding factor stays at sqrt(base_width). At the base width every
+factor is 1 and the model is the standard one. Adam's epsilon is not scaled (1e-9 here, far below the gradients'
+root mean square at these widths), and decoupled weight decay follows the scaled rate as in the authors' `mup`
+package.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from archsweep.variants.param import PARAM
+from archsweep.variants.param.base import ForwardScales, Parametrisation, Widths
+from archsweep.variants.roles import EXPERT, HEAD, HIDDEN, HIDDEN_OUT
+
+MATRICES = (HIDDEN, HIDDEN_OUT, EXPERT, HEAD)
+
+
+@PARAM.register("mup")
+class MuP(Parametrisation):
+    transfers_width = True
+    label = "maximal update parametrisation"
+
+    def __init__(self, base_width: int, base_d_ff: int | None = None) -> None:
+        self.base_width, self.base_d_ff = base_width, base_d_ff
+
+    def base_sizes(self, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        d_ff = self.base_d_ff or max(1, round(sizes["d_ff"] * self.base_width / sizes["d_model"]))
+        return {"d_model": self.base_width, "d_ff": d_ff}
+
+    def init_scale(self, role: str | None, widths: Widths) -> float:
+        if role not in MATRICES:
+            return 1.0
+        return 1.0 / widths.fan_in if widths.fan_out == 1.0 else widths.fan_in ** -0.5  # a readout: 1 / fan_in
+
+    def adam_lr(self, role: str | None, widths: Widths) -> float:
+        return 1.0 / widths.fan_in if role in MATRICES else 1.0
+
+    def spectral_lr(self, role: str | None, widths: Widths) -> float:
+        return math.sqrt(widths.fan_out / widths.fan_in) if role in MATRICES else 1.0
+
+    def forward_scales(self, sizes: Mapping[str, Any], base: Mapping[str, Any]) -> ForwardScales:
+        width = sizes["d_model"] / base["d_model"]
+        return ForwardScales(scores=math.sqrt(base["head_dim"] / sizes["head_dim"]), logits=1.0 / width,
+                             embedding=width ** -0.5)
+
+    @classmethod
+    def check(cls, sizes: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        base, d_ff = options["base_width"], options["base_d_ff"]
+        if not isinstance(base, int) or base < 1:
+            raise ValueError(f"param.base_width={base!r} must be a positive width (the d_model the learning rate is "
+                             f"tuned at)")
+        if base % sizes["n_heads"]:
+            raise ValueError(f"param.base_width={base} must be a multiple of n_heads={sizes['n_heads']} (the base "
+                             f"model keeps the heads and scales head_dim)")
+        if d_ff is not None and d_ff < 1:
+            raise ValueError(f"param.base_d_ff={d_ff} must be a positive width or null (d_ff scaled like d_model)")
