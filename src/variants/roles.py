@@ -20,7 +20,8 @@ HIDDEN_OUT = "hidden_out"  # a hidden matrix whose output is added to the residu
 HEAD = "head"  # output: width in, vocabulary or classes out
 VECTOR = "vector"  # gains, biases, scalars
 EXPERT = "expert"  # a stack of expert matrices (E, out, in)
-ROLES = (EMBEDDING, HIDDEN, HIDDEN_OUT, HEAD, VECTOR, EXPERT)
+ROUTER = "router"  # width in, a fixed number of choices out, whose scores only select and weight (an MoE router)
+ROLES = (EMBEDDING, HIDDEN, HIDDEN_OUT, HEAD, VECTOR, EXPERT, ROUTER)
 
 
 def default_role(module: nn.Module, name: str, param: nn.Parameter) -> str | None:

@@ -111,8 +111,25 @@ def plugins_get_what_they_require(c: Choices) -> None:
         cls.check_choices(c)
 
 
+def width_transfer_covers_the_choices(c: Choices) -> None:
+    """A parametrisation that transfers across widths (`param/`: `transfers_width`) reads every parameter's role and
+    shape; a variant or plug-in that declares `width_refusal` (why it cannot be parametrised yet) is refused by
+    name rather than scaled wrongly."""
+    param = c.classes.get("param")
+    if param is None or not param.transfers_width:
+        return
+    chosen = [(axis, c.names[axis], cls) for axis, cls in c.classes.items() if axis != "param"]
+    chosen += [(name, "on", cls) for name, cls in c.plugins.items()]
+    for axis, name, cls in chosen:
+        reason = getattr(cls, "width_refusal", None)
+        if reason:
+            raise ValueError(f"param={c.names['param']} cannot parametrise {axis}={name} yet: {reason}; use "
+                             f"param=sp, or another {axis}")
+
+
 RULES: list[Callable[[Choices], None]] = [score_bias_needs_scores, patch_positions_need_images,
-                                          attention_takes_the_encoding, plugins_get_what_they_require]
+                                          attention_takes_the_encoding, plugins_get_what_they_require,
+                                          width_transfer_covers_the_choices]
 
 
 def check_rules(choices: Choices) -> None:

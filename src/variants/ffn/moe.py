@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from archsweep.variants.ffn import FFN
+from archsweep.variants.roles import ROUTER
 from archsweep.variants.ffn.base import FeedForward, FFNBase, GatedFeedForward
 from archsweep.variants.ffn.experts import Experts
 from archsweep.variants.flops import Shape, forward_flops
@@ -86,6 +87,9 @@ class MoE(FFNBase):
     @classmethod
     def follows_d_ff(cls, options: Mapping[str, Any]) -> bool:
         return options.get("expert_d_ff") is None
+
+    def roles(self) -> dict[str, str]:
+        return {"router.weight": ROUTER}
 
     def forward(self, x: Tensor) -> Tensor:
         tokens = x.reshape(-1, x.shape[-1])  # (N, D)
