@@ -368,6 +368,9 @@ def compare_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default: the runs' compare.max_seeds, 10)")
     p.add_argument("--seed-batch", type=int, metavar="N", help="sequential: seeds added between two looks (default: "
                    "the runs' compare.seed_batch, 2)")
+    p.add_argument("--transfer", metavar="KEY", help="a width key of a tuned sweep (e.g. model.d_model): each width's "
+                   "best tuned value against the smallest width's, its drift in grid steps and the loss at the "
+                   "smallest width's value (default: the runs' compare.transfer; 'none': off)")
     p.add_argument("--wandb", metavar="MODE", choices=["off", "auto", "offline", "online"], default="off",
                    help="also log the table and plots as one W&B run named comparison, in the runs' project and "
                    "group: off (default), auto (online with credentials, else offline), offline, online")
@@ -383,7 +386,7 @@ def compare_main(argv: list[str] | None = None) -> int:
         tune = [] if args.no_tune else [k.strip() for k in args.tune.split(",") if k.strip()] if args.tune else None
         report = compare(args.sweeps, args.out, args.target, args.sort, metrics, args.group_by, args.scaling,
                          args.scaling_metric, tune, args.baseline, args.alpha, args.detect, args.sequential,
-                         args.max_seeds, args.seed_batch)
+                         args.max_seeds, args.seed_batch, args.transfer)
         written = write(report, plots=not args.no_plots, length_metric=args.length_metric)
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)

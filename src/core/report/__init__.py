@@ -32,6 +32,7 @@ from archsweep.core.report.runs import CompareError, Run, Skipped, find_runs, lo
 from archsweep.core.report.scaling import plot_scaling, scaling_fits
 from archsweep.core.report.sequential import Design
 from archsweep.core.report.significance import against_baseline, find_baselines
+from archsweep.core.report.transfer import transfer_rows
 from archsweep.core.report.tuning import resolve_tune, selection_metric, tune_cell
 from archsweep.core.train.runs.halving import STATE as HALVING
 
@@ -156,7 +157,8 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
             sort: str | None = None, metrics: list[str] | None = None, group_by: str | None = None,
             scaling: str | None = None, scaling_metric: str = "val/loss", tune: list[str] | None = None,
             baseline: str | None = None, alpha: float = 0.05, detect: float | None = None,
-            sequential: bool | None = None, max_seeds: int | None = None, seed_batch: int | None = None) -> Report:
+            sequential: bool | None = None, max_seeds: int | None = None, seed_batch: int | None = None,
+            transfer: str | None = None) -> Report:
     """Read the runs under `sources` and build the report (nothing written; see `write`). target: e.g.
     'val/exact_match>=0.9', None for that default when logged, 'none' for no target column. sort: a column,
     e.g. 'val/loss' (default) or 'test/acc:max'. metrics: final metrics to show instead of the default ones.
@@ -167,7 +169,9 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
     tested against on the sort metric (None: the runs' compare.baseline; 'none': no test); alpha: the significance
     level; detect: a difference whose seeds per cell needed is reported (None: the runs' compare.detect); with
     sequential (None: the runs' compare.sequential), each comparison is decided by the sequential design
-    (sequential.py) at max_seeds and seed_batch (None: the runs'). The runs' compare.metric is the default sort."""
+    (sequential.py) at max_seeds and seed_batch (None: the runs'). transfer: a width key (e.g. model.d_model) whose
+    widths each get their best tuned value against the smallest width's (transfer.py; None: the runs'
+    compare.transfer; 'none': off). The runs' compare.metric is the default sort."""
     paths = [Path(s) for s in sources]
     loaded = [load_run(d) for d in run_dirs(paths)]
     runs = [x for x in loaded if isinstance(x, Run)]
@@ -202,6 +206,7 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
             tune_cell(cell, tuned, selection)
         aggregate(cell, columns, tgt)
     notes += run_notes(runs, {c.label: c.runs for c in cells})
+    notes += width_notes(runs, keys, tuned)
     if "mfu" in columns:
         notes += mfu_notes(cells)
     out_dir = Path(out) if out is not None else paths[0]
@@ -216,7 +221,32 @@ def compare(sources: list[str | Path], out: str | Path | None = None, target: st
         report.significance.biased = True
     if tuned or any((p / HALVING).is_file() for p in paths):
         report.pruning = pruning(report.cells, paths, selection.key if selection is not None else None)
+    width_key = transfer if transfer is not None else settings.get("transfer")
+    if width_key not in (None, "none"):
+        if selection is None:
+            raise CompareError(f"transfer={width_key}: compares tuned values across widths, but nothing is tuned; "
+                               f"set compare.tune=[optim.lr] (or --tune optim.lr)")
+        report.transfer_key = width_key
+        report.transfer = transfer_rows(report.cells, width_key, tuned)
     return report
+
+
+WIDTH = "model.d_model"
+
+
+def width_notes(runs: list[Run], keys: list[str], tuned: list[str]) -> list[str]:
+    """What a ladder of widths trained at one learning rate says about that rate: under param=mup it is the rate
+    tuned at the base width, reused (Tensor Programs V); under param=sp nothing says it suits the wider models."""
+    if WIDTH not in keys or "optim.lr" in tuned or "optim.lr" in keys:
+        return []
+    params = sorted({r.values.get("param", "sp") for r in runs})
+    if params == ["mup"]:
+        return ["param=mup: one learning rate serves every width here, the rate tuned at the base width "
+                "(model.param.base_width) and reused, as muP lets it (archsweep-coordcheck checks the variants; "
+                "experiment=mup_transfer measures the drift)"]
+    return [f"param={'/'.join(params)} with one learning rate at every width: under the standard parametrisation "
+            "the best rate moves with the width, so wider models may train off their best rate (param=mup "
+            "transfers it; docs/options.md, Parametrisation)"]
 
 
 def held_out_sort(order: SortKey, available: list[str], notes: list[str]) -> SortKey:

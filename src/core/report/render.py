@@ -18,6 +18,7 @@ from archsweep.core.report.pruning import lines as pruning_lines
 from archsweep.core.report.runs import Run, Skipped
 from archsweep.core.report.scaling import Fit, fit_text
 from archsweep.core.report.significance import POWER, Contrast, Significance
+from archsweep.core.report.transfer import TransferRow, transfer_lines
 from archsweep.core.report.tuning import Selection, edge_lines
 
 # shown last, without a deviation: what each cell cost and what was held fixed (parameters, FLOPs)
@@ -51,6 +52,8 @@ class Report:
     significance: Significance | None = None  # --baseline: each other cell's Contrast is on the cell
     pruning: Pruning | None = None  # FLOPs spent against the full grid's, halving rungs, rank agreement by budget
     sort_source: str = ""  # why this sort: "the preset's question" when it is the runs' compare.metric
+    transfer_key: str | None = None  # compare.transfer: the width key
+    transfer: list[TransferRow] = field(default_factory=list)  # per group and width: best value, drift, gap
 
     def runs(self, status: str) -> list[Run]:
         return [r for c in self.cells for r in c.every(status)]
@@ -335,6 +338,11 @@ def scaling_lines(report: Report) -> list[str]:
             *(f"  {report.scaling_key}={fit_text(f)}" for f in report.scaling)]
 
 
+def width_transfer_lines(report: Report) -> list[str]:
+    metric = report.selection.key if report.selection is not None else "metric"
+    return transfer_lines(report.transfer, report.transfer_key or "", report.tuned[0], metric)
+
+
 def terminal(report: Report) -> str:
     out = [summary(report), "", text_table(report)]
     edges = edge_lines(report.cells)
@@ -342,6 +350,8 @@ def terminal(report: Report) -> str:
         out += ["", "Tuning grids:", *(f"  {x}" for x in edges)]
     if report.scaling:
         out += ["", *scaling_lines(report)]
+    if report.transfer:
+        out += ["", *width_transfer_lines(report)]
     for title, lines in run_lists(report, Path.cwd(), md=False):
         if lines:
             out += ["", f"{title}:", *(f"  {x}" for x in lines)]
@@ -360,6 +370,9 @@ def markdown(report: Report) -> str:
     if report.scaling:
         lines = scaling_lines(report)
         out += ["## Scaling", "", lines[0], "", *(f"- {x.strip()}" for x in lines[1:]), ""]
+    if report.transfer:
+        lines = width_transfer_lines(report)
+        out += ["## Width transfer", "", lines[0], "", "```", *lines[1:], "```", ""]
     out += [f"![{title}]({where(path, base)})\n" for title, path in report.plots.items()]
     for title, lines in run_lists(report, base, md=True):
         if lines:
@@ -437,6 +450,8 @@ def json_text(report: Report) -> str:
                          for r in report.runs("diverged")],
             "skipped": [{"run_dir": str(s.run_dir), "reason": s.reason} for s in report.skipped],
             "notes": report.notes, "plots": {t: str(p) for t, p in report.plots.items()},
+            "transfer": {"key": report.transfer_key, "rows": [{**vars(r), "gap": r.gap} for r in report.transfer]}
+            if report.transfer else None,
             "scaling": {"key": report.scaling_key, "fits": [vars(f) for f in report.scaling]} if report.scaling
             else None}
     return json.dumps(strict(data), indent=2, allow_nan=False)

@@ -23,11 +23,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from archsweep.variants.ffn import FFN
-from archsweep.variants.roles import ROUTER
 from archsweep.variants.ffn.base import FeedForward, FFNBase, GatedFeedForward
 from archsweep.variants.ffn.experts import Experts
 from archsweep.variants.flops import Shape, forward_flops
 from archsweep.variants.hooks import AuxLoss
+from archsweep.variants.roles import ROUTER
 
 SCORES = ("softmax", "sigmoid")
 

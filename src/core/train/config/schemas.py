@@ -349,6 +349,7 @@ class CompareSchema:
     sequential: bool = False  # decide each comparison by seeds added in batches (docs/training.md, Sequential seeds)
     max_seeds: int = 10  # sequential: the most seeds a comparison gets
     seed_batch: int = 2  # sequential: seeds added between two looks
+    transfer: str | None = None  # a width key (model.d_model): each width's best tuned rate against the smallest's
 
     def __post_init__(self) -> None:
         if self.detect is not None and not self.detect > 0:
