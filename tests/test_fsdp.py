@@ -164,3 +164,26 @@ def test_evaluate_reads_the_sharded_run(reference, tmp_path):
     assert written, out.stdout[-2000:]
     evaluated = json.loads(written[0].read_text())
     assert evaluated["splits"]["test"]["loss"] == pytest.approx(results(reference)["test"]["loss"], rel=1e-5)
+
+
+MUP = ["param=mup", "model.param.base_width=16"]  # the run's d_model is 32: every factor of muP is in play
+
+
+def test_mup_sharded_killed_and_resumed_equals_one_process_and_differs_from_sp(reference, tmp_path):
+    """param=mup's rates, initial scales and forward constants are recomputed from the config at every build: a
+    trainer=fsdp run stopped by SIGTERM and resumed ends where a one-process run with the same global batch does."""
+    one = tmp_path / "one"
+    code, out = train(tmp_path, *RUN, *MUP, "trainer.accumulate_grad_batches=2", f"hydra.run.dir={one}")
+    assert code == 0, out[-3000:]
+    run_dir = tmp_path / "run"
+    proc = launch(tmp_path, *RUN, *MUP, *FSDP, f"hydra.run.dir={run_dir}", "+callbacks.slow._target_=slowdown.Slow")
+    signal_when(proc, run_dir / "train.log", "step 12/24", signal.SIGTERM, timeout=180)
+    code, out = finish(proc)
+    assert code != 0 and results(run_dir)["status"] == "interrupted", out[-3000:]
+    code, out = train(tmp_path, f"resume={run_dir}")
+    assert code == 0, out[-3000:]
+    assert results(run_dir)["status"] == "completed" and results(run_dir)["world_size"] == 2
+    assert len(val_losses(run_dir)) >= 3
+    assert val_losses(run_dir) == pytest.approx(val_losses(one), rel=1e-5)
+    assert results(run_dir)["test"]["loss"] == pytest.approx(results(one)["test"]["loss"], rel=1e-5)
+    assert val_losses(run_dir) != pytest.approx(val_losses(reference), rel=1e-3)  # muP trained another model

@@ -1,4 +1,4 @@
-"""Every option of every axis (kind, norm, norm_type, pos, ffn, attention: the yamls in conf/) and of the attention
+"""Every option of every axis (kind, norm, norm_type, pos, ffn, attention, param: the yamls in conf/) and of the attention
 plug-ins with a parameter on the layer's output or softmax (`FIELDS`: attn_gate, attn_sink, their yamls in conf/)
 builds, runs forward and backward with finite values, and every parameter that should learn gets a gradient, over a
 set of combinations in which every allowed pair of options of two axes or fields meets at least once (all-pairs),
@@ -48,7 +48,7 @@ for _path in (p for folder in EXTRA for p in folder.rglob("*.yaml")):  # registe
         importlib.import_module(_target.rpartition(".")[0])
 
 GROUPS = {"kind": "model", "norm": "norm", "norm_type": "norm_type", "pos": "pos", "ffn": "ffn",
-          "attention": "attention"}  # field: conf group
+          "attention": "attention", "param": "param"}  # field: conf group
 AXIS_OPTIONS = {axis: sorted(yamls(group)) for axis, group in GROUPS.items()}
 # plug-ins: the options of their groups (`none`: off, the default; a group from an extra folder gets it too)
 FIELDS = {name: sorted({*yamls(name), "none"}) for name in ("attn_gate", "attn_sink",
@@ -288,7 +288,13 @@ REFUSED = {
         "plugins_get_what_they_require", combination(kind=CAUSAL_KIND, pos=PER_LAYER), {"mtp": {"depths": 1}},
         rf"mtp cannot be used with pos={PER_LAYER}: its score terms are learned per layer of the stack, and the "
         rf"prediction modules' blocks are not among those layers; choose pos=(?P<pos>{OR}), or set mtp=none$"),
+    "width_refusal_is_heard": (
+        "width_transfer_covers_the_choices", combination(attention=KERNEL, param="mup"), {},
+        rf"param=mup cannot parametrise attention={KERNEL} yet: a declared reason; use param=(?P<param>sp), or "
+        rf"another attention$"),
 }
+# no variant declares `width_refusal` today (every one passes the coordinate check under muP): the case declares one
+DECLARED = {"width_refusal_is_heard": ("attention", KERNEL, "width_refusal", "a declared reason")}
 RULE = {rule.__name__: rule for rule in RULES}
 
 
@@ -297,8 +303,11 @@ def test_every_rule_has_a_refused_case():
 
 
 @pytest.mark.parametrize("case", REFUSED)
-def test_each_rule_refuses_naming_the_fields_and_a_fix_that_works(case):
+def test_each_rule_refuses_naming_the_fields_and_a_fix_that_works(case, monkeypatch):
     rule, refused, plugins, message = REFUSED[case]
+    if case in DECLARED:
+        axis, option, attribute, value = DECLARED[case]
+        monkeypatch.setattr(REGISTRIES[axis].get(option), attribute, value, raising=False)
     with pytest.raises(ValueError, match=message) as error:
         config(refused, plugins).validate()
     with pytest.raises(ValueError, match=message):  # this rule itself, called on the classes

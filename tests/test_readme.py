@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 from hydra.errors import ConfigCompositionException
 
-from archsweep.cli import compare_args, task_overrides_without_plus
+from archsweep.cli import compare_args, coordcheck_args, task_overrides_without_plus
 from archsweep.core.data.fetch import CORPORA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -351,6 +351,8 @@ def check_command(command: str, folder: Path) -> None:
             check_export(args)
         elif program == "archsweep-lm-eval":
             check_lm_eval(args)
+        elif program == "archsweep-coordcheck":  # its parser takes the flags; the overrides compose as train.py's
+            compose_entry("train", coordcheck_args(args).overrides)
         elif program == ".":
             assert args == [".venv/bin/activate"] and ". .venv/bin/activate" in (ROOT / ".ci/run").read_text()
         else:

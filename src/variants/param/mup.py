@@ -49,7 +49,7 @@ class MuP(Parametrisation):
     transfers_width = True
     label = "maximal update parametrisation"
 
-    def __init__(self, base_width: int, base_d_ff: int | None = None) -> None:
+    def __init__(self, base_width: int = 64, base_d_ff: int | None = None) -> None:
         self.base_width, self.base_d_ff = base_width, base_d_ff
 
     def base_sizes(self, sizes: Mapping[str, Any]) -> dict[str, Any]:
