@@ -35,6 +35,7 @@ from archsweep.core.report.significance import against_baseline, find_baselines
 from archsweep.core.report.transfer import transfer_rows
 from archsweep.core.report.tuning import resolve_tune, selection_metric, tune_cell
 from archsweep.core.train.runs.halving import STATE as HALVING
+from archsweep.variants.param import PARAM
 
 __all__ = ["CompareError", "Report", "compare", "terminal", "write"]
 FILES = {"md": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
@@ -235,18 +236,23 @@ WIDTH = "model.d_model"
 
 
 def width_notes(runs: list[Run], keys: list[str], tuned: list[str]) -> list[str]:
-    """What a ladder of widths trained at one learning rate says about that rate: under param=mup it is the rate
-    tuned at the base width, reused (Tensor Programs V); under param=sp nothing says it suits the wider models."""
+    """What a ladder of widths trained at one learning rate says about that rate: under a parametrisation that
+    transfers it (param=mup) it is the rate tuned at the base width, reused (Tensor Programs V); otherwise nothing
+    says it suits the wider models."""
     if WIDTH not in keys or "optim.lr" in tuned or "optim.lr" in keys:
         return []
-    params = sorted({r.values.get("param", "sp") for r in runs})
-    if params == ["mup"]:
-        return ["param=mup: one learning rate serves every width here, the rate tuned at the base width "
-                "(model.param.base_width) and reused, as muP lets it (archsweep-coordcheck checks the variants; "
-                "experiment=mup_transfer measures the drift)"]
-    return [f"param={'/'.join(params)} with one learning rate at every width: under the standard parametrisation "
-            "the best rate moves with the width, so wider models may train off their best rate (param=mup "
-            "transfers it; docs/options.md, Parametrisation)"]
+    params = sorted({r.values.get("param", PARAM.default) for r in runs})
+    try:
+        transfers = all(PARAM.get(p).transfers_width for p in params)
+    except ValueError:  # a parametrisation this install does not know
+        return []
+    if transfers:
+        return [f"param={'/'.join(params)}: one learning rate serves every width here, the rate tuned at the base "
+                "width (model.param.base_width) and reused, as the parametrisation lets it (archsweep-coordcheck "
+                "checks the variants; experiment=mup_transfer measures the drift)"]
+    return [f"param={'/'.join(params)} with one learning rate at every width: under a parametrisation that does not "
+            "transfer, the best rate moves with the width, so wider models may train off their best rate "
+            "(docs/options.md, Parametrisation: width transfer)"]
 
 
 def held_out_sort(order: SortKey, available: list[str], notes: list[str]) -> SortKey:
