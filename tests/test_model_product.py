@@ -1,5 +1,6 @@
-"""Every option of every axis (kind, norm, norm_type, pos, ffn, attention, param: the yamls in conf/) and of the attention
-plug-ins with a parameter on the layer's output or softmax (`FIELDS`: attn_gate, attn_sink, their yamls in conf/)
+"""Every option of every axis (kind, norm, norm_type, pos, ffn, attention, param: the yamls in conf/) and of the
+attention plug-ins with a parameter on the layer's output or softmax (`FIELDS`: attn_gate, attn_sink, their yamls in
+conf/)
 builds, runs forward and backward with finite values, and every parameter that should learn gets a gradient, over a
 set of combinations in which every allowed pair of options of two axes or fields meets at least once (all-pairs),
 not over the full product. Each rule across axes (`archsweep.variants.rules.RULES`) is refused at least once (the
