@@ -65,3 +65,15 @@ def test_transfer_needs_a_tuned_key_and_a_width_key_the_cells_vary(sweep):
         compare([sweep], tune=[], transfer="model.d_model", target="none")
     with pytest.raises(CompareError, match="--transfer model.n_layers: not a key the cells vary"):
         compare([sweep], tune=["optim.lr"], transfer="model.n_layers", target="none")
+
+
+@pytest.mark.parametrize("param,says", [
+    ("mup", "param=mup: one learning rate serves every width here, the rate tuned at the base width"),
+    ("sp", "param=sp with one learning rate at every width: under a parametrisation that does not transfer"),
+])
+def test_a_ladder_at_one_rate_says_whether_the_rate_transfers(tmp_path, param, says):
+    """experiment=scaling param=mup: the widths share the rate tuned at the base width, and compare.py says so."""
+    for i, width in enumerate(WIDTHS):
+        write_run(tmp_path / str(i), [f"param={param}", f"model.d_model={width}"], done(2.0 - i / 10, 0.0, 0.0))
+    report = compare([tmp_path], target="none")
+    assert any(note.startswith(says) for note in report.notes), report.notes

@@ -1,5 +1,5 @@
-"""The role of every parameter of a model: what initialisation, DeepNorm and (next) width scaling read instead of
-parameter names or a module's layout.
+"""The role of every parameter of a model: what initialisation, DeepNorm and width scaling (`param/`) read instead
+of parameter names or a module's layout.
 
 A parameter's role comes from defaults by module type (an nn.Linear's weight is a hidden matrix and its bias a
 vector; an embedding table is an embedding; any other parameter of fewer than two dimensions is a vector) and
