@@ -251,6 +251,11 @@ def test_train_starts_from_a_hugging_face_folder(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert clash.returncode != 0
     assert "n_layers=3 (the folder's config.json: 2)" in clash.stdout + clash.stderr
+    mup = scripts.run([*args[:-1], "param=mup", f"hydra.run.dir={tmp_path / 'mup'}"], cwd=root, capture_output=True,
+                      text=True, timeout=300)  # base width 64, the folder's 32: muP would rescale its forward pass
+    assert mup.returncode != 0
+    assert "param=mup at d_model=32 would scale its forward pass; set model.param.base_width=32" in mup.stdout + \
+        mup.stderr
 
 
 def test_the_folders_tokenizer_comes_along_and_another_is_refused(tmp_path):

@@ -117,6 +117,8 @@ def model_config(cfg: DictConfig, task: Task, overrides: list[str] | tuple[str, 
         if init is not None:
             fields = hf_import(fields, str(init), overrides)
         model_cfg = ModelConfig.from_dict(fields)
+        if init is not None:
+            check_standard_weights(model_cfg, str(init))
         task.check_model(model_cfg)
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
@@ -138,6 +140,25 @@ def model_config(cfg: DictConfig, task: Task, overrides: list[str] | tuple[str, 
     if cfg.get("export") == "hf":
         check_exportable(model_cfg)
     return model_cfg
+
+
+def check_standard_weights(model_cfg: ModelConfig, folder: str) -> None:
+    """A Hugging Face folder holds a standard-parametrisation model: a parametrisation whose forward constants are
+    not 1 at this width would compute something else with its weights."""
+    if not _unit_scales(model_cfg):
+        raise ValueError(f"model.init_from={folder} holds a standard-parametrisation model, and param="
+                         f"{model_cfg.choice('param')} at d_model={model_cfg.d_model} would scale its forward pass; "
+                         f"set model.param.base_width={model_cfg.d_model} (the folder's width) or param=sp")
+
+
+def _unit_scales(model_cfg: ModelConfig) -> bool:
+    from archsweep.core.model.build import base_config, parametrisation
+
+    base = base_config(model_cfg)
+    if base is None:
+        return True
+    scales = parametrisation(model_cfg).forward_scales(model_cfg.sizes(), base.sizes())
+    return scales.scores == scales.logits == scales.embedding == 1.0
 
 
 def check_exportable(model_cfg: ModelConfig) -> None:
