@@ -16,7 +16,7 @@ from archsweep.cli import coordcheck_main
 from archsweep.core.model.config import AXES
 from archsweep.core.report.coordcheck import coordcheck
 from archsweep.core.train.config import schemas  # noqa: F401  (registers the groups' schemas)
-from archsweep.core.train.lifecycle.checks import build_task, model_config
+from archsweep.core.train.lifecycle.checks import ConfigError, build_task, model_config
 from archsweep.variants.model import KIND
 from archsweep.variants.plugins import PLUGIN
 
@@ -25,7 +25,10 @@ WIDTHS = [64, 128, 256, 512]
 TINY = ["model=decoder_only", "task=copy", "task.batch_size=16", "model.n_layers=2", "model.d_model=64",
         "model.n_heads=4", "model.d_ff=256"]
 MUP = ["param=mup", "model.param.base_width=64"]
-KIND_TASKS = {"decoder_only": "copy", "encoder_decoder": "reverse", "encoder_only": "is_sorted", "vit": "digits"}
+# encoder_only as a masked LM (its token head): on is_sorted, one label per sequence, four steps' updates are too
+# incoherent to judge (the first layer's change shrank 1.6x from d_model 64 to 512, as a random matrix's would)
+KIND_TASKS = {"decoder_only": "copy", "encoder_decoder": "reverse", "encoder_only": "shakespeare_char",
+              "vit": "digits"}
 GROUPS = [axis for axis in AXES if axis != "param"] + PLUGIN.names()
 
 
@@ -62,7 +65,13 @@ def test_the_options_cover_every_registered_variant():
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", options(), ids=" ".join)
 def test_every_option_holds_its_coordinates_under_mup(overrides):
-    check = run(overrides, MUP, seeds=4 if "model=encoder_only" in overrides else 3)
+    group, _, option = overrides[0].partition("=")
+    reason = getattr(AXES[group].get(option), "width_refusal", None) if group in AXES else None
+    if reason:  # a variant that declares it cannot be parametrised yet is refused by name instead
+        with pytest.raises(ConfigError, match=f"param=mup cannot parametrise {group}={option} yet"):
+            run(overrides, MUP)
+        return
+    check = run(overrides, MUP)
     assert len(check.judged()) >= 8
     worst = max(check.judged().items(), key=lambda kv: kv[1].spread)
     assert check.passed(), f"{check.failures()} (widest {worst[0]}: {worst[1].change})"

@@ -1,12 +1,12 @@
 """The coordinate check, in numbers (`archsweep-coordcheck <overrides>`): does every module's output keep its size as
 the model widens?
 
-The model the overrides compose is built at several widths (d_model times 1, 2, 4, 8 by default; d_ff in
-proportion; heads, layers and the rest as set), each trained a few steps on the task's own batches at the
-configured learning rate (constant: no warm-up, no dropout), from several seeds. On one fixed batch, every module's
-output is recorded at initialisation and after the last step. Printed per module and width: the root mean square of
-the output after training, and of its change since initialisation, averaged over the seeds, with the spread of each
-(largest over smallest across widths).
+The model the overrides compose is built at several widths (d_model times 1, 2, 4, 8 by default; d_ff and a
+ViT's head_hidden in proportion; heads, layers and the rest as set), each trained a few steps on the task's own
+batches at the configured learning rate (constant: no warm-up, no dropout), from several seeds. On one fixed
+batch, every module's output is recorded at initialisation and after the last step. Printed per module and width:
+the root mean square of the output after training, and of its change since initialisation, averaged over the
+seeds, with the spread of each (largest over smallest across widths).
 
 The change is what a width-transferring parametrisation holds constant (Yang et al. 2022, Tensor Programs V:
 every layer's update moves its output by the same amount at every width; the "coordinate check" of their figure
@@ -35,6 +35,7 @@ from archsweep.core.data.tasks.base import IGNORE_INDEX, Task
 from archsweep.core.model.build import ModelConfig, build_model, parametrisation
 from archsweep.core.train.optimisers.optim import make_optimizer
 from archsweep.variants.hooks import call_event, collect_aux_losses
+from archsweep.variants.param.base import scaled_widths
 
 FIXED = 1e-6  # a change below this share of the output's own size, at every width: a module no parameter moves
 
@@ -96,9 +97,9 @@ class CoordCheck:
 
 
 def width_config(cfg: ModelConfig, width: int) -> ModelConfig:
-    """`cfg` at d_model = `width`, d_ff in proportion, without dropout."""
-    d_ff = max(1, round(cfg.d_ff * width / cfg.d_model))
-    return dataclasses.replace(cfg, d_model=width, d_ff=d_ff, dropout=0.0, attn_dropout=0.0, emb_dropout=0.0)
+    """`cfg` at d_model = `width`, the fields that grow with it in proportion (d_ff, head_hidden), without dropout."""
+    return dataclasses.replace(cfg, **scaled_widths(cfg.sizes(), width), dropout=0.0, attn_dropout=0.0,
+                               emb_dropout=0.0)
 
 
 def record_outputs(model: nn.Module) -> tuple[dict[str, list[Tensor]], list[Any]]:

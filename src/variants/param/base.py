@@ -24,6 +24,18 @@ from typing import Any, ClassVar
 
 from archsweep.variants.roles import EXPERT
 
+WIDTH_FIELDS = ("d_ff", "head_hidden")  # model fields that grow with d_model (a width ladder scales them alike)
+
+
+def scaled_widths(sizes: Mapping[str, Any], width: int) -> dict[str, Any]:
+    """d_model = `width` and every field of `WIDTH_FIELDS` that is set, in proportion (at least 1)."""
+    ratio = width / sizes["d_model"]
+    out: dict[str, Any] = {"d_model": width}
+    for name in WIDTH_FIELDS:
+        if sizes.get(name) is not None:
+            out[name] = max(1, round(sizes[name] * ratio))
+    return out
+
 
 @dataclass(frozen=True)
 class Widths:

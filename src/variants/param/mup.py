@@ -3,8 +3,8 @@ via Zero-Shot Hyperparameter Transfer", Table 3 and appendix B), for Adam-type u
 condition (Yang, Simon and Bernstein 2023), for Muon: every layer's update moves its output by an amount that does
 not depend on the width, so the best learning rate found at `base_width` holds at wider models.
 
-Relative to the base model (d_model = base_width, d_ff and head_dim scaled with it; heads, layers and every
-variant's own sizes unchanged), for a parameter whose fan-in grew by m_in and fan-out by m_out:
+Relative to the base model (d_model = base_width; d_ff, a ViT's head_hidden and head_dim scaled with it; heads,
+layers and every variant's own sizes unchanged), for a parameter whose fan-in grew by m_in and fan-out by m_out:
 
 | role: dimensions that scale | initial std | Adam learning rate | Muon learning rate |
 | --- | --- | --- | --- |
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from archsweep.variants.param import PARAM
-from archsweep.variants.param.base import ForwardScales, Parametrisation, Widths
+from archsweep.variants.param.base import ForwardScales, Parametrisation, Widths, scaled_widths
 from archsweep.variants.roles import EXPERT, HEAD, HIDDEN, HIDDEN_OUT, ROUTER
 
 MATRICES = (HIDDEN, HIDDEN_OUT, EXPERT, HEAD, ROUTER)
@@ -53,8 +53,8 @@ class MuP(Parametrisation):
         self.base_width, self.base_d_ff = base_width, base_d_ff
 
     def base_sizes(self, sizes: Mapping[str, Any]) -> dict[str, Any]:
-        d_ff = self.base_d_ff or max(1, round(sizes["d_ff"] * self.base_width / sizes["d_model"]))
-        return {"d_model": self.base_width, "d_ff": d_ff}
+        base = scaled_widths(sizes, self.base_width)
+        return {**base, "d_ff": self.base_d_ff} if self.base_d_ff else base
 
     def init_scale(self, role: str | None, widths: Widths) -> float:
         if role not in MATRICES:
