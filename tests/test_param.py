@@ -42,7 +42,7 @@ def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def test_mup_at_its_base_width_is_the_standard_model():
-    sp, mp = model_at(32, "sp"), model_at(32, mup(32))
+    sp, mp = model_at(32, "sp"), model_at(32, mup(32, zero_readout=False))
     for (name, a), (_, b) in zip(sp.state_dict().items(), mp.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     tokens = torch.randint(0, 50, (2, 12))
@@ -75,7 +75,7 @@ def test_mup_initial_scales_follow_the_table():
     (1/sqrt 4), readouts (the untied head, a per-head gate: only the fan-in grows) 1/4, the router as a hidden
     matrix, the embedding 1."""
     fields = dict(ffn={"name": "moe", "expert": "relu"}, plugins={"attn_gate": {"per": "head"}})
-    params = dict(model_at(128, mup(32), seed=5, **fields).named_parameters())
+    params = dict(model_at(128, mup(32, zero_readout=False), seed=5, **fields).named_parameters())
     base = dict(model_at(32, "sp", seed=0, **fields).named_parameters())
     factors = {"decoder.embed.weight": 1.0, "decoder.blocks.0.self_attn.qkv_proj.weight": 1 / 2,
                "decoder.blocks.1.self_attn.out_proj.weight": 1 / 2, "decoder.blocks.0.ffn.router.weight": 1 / 2,
@@ -91,6 +91,14 @@ def test_mup_initial_scales_follow_the_table():
                "head.weight": 32 ** -0.5}
     for name, value in nominal.items():
         assert float(base[name].detach().std()) == pytest.approx(value, rel=0.15), name
+
+
+@pytest.mark.parametrize("width", [32, 128])
+def test_an_untied_head_starts_at_zero_at_every_width_unless_asked_not_to(width):
+    assert not model_at(width, mup(32)).head.weight.any()
+    assert model_at(width, mup(32, zero_readout=False)).head.weight.std() > 0
+    tied = model_at(width, mup(32), tie_embeddings=True)
+    assert tied.head.weight is tied.decoder.embed.weight and tied.head.weight.std() > 0  # the embedding is kept
 
 
 def test_mup_forward_constants():

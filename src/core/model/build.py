@@ -175,12 +175,13 @@ def parametrise(model: nn.Module) -> None:
             base = build_model(base_cfg)
         base_params = dict(base.named_parameters())
         for name, (role, width) in widths.items():
-            p = model.get_parameter(name)
-            if not width.scales:
-                continue
-            actual, target = p.float().std(), base_params[name].float().std()
-            if actual > 0 and target > 0:
-                p.mul_(target * param.init_scale(role, width) / actual)
+            p, factor = model.get_parameter(name), param.init_scale(role, width)
+            if factor == 0.0:
+                p.zero_()
+            elif width.scales:
+                actual, target = p.float().std(), base_params[name].float().std()
+                if actual > 0 and target > 0:
+                    p.mul_(target * factor / actual)
     scales = param.forward_scales(cfg.sizes(), base_cfg.sizes())
     for module in model.modules():
         hook = getattr(module, "scale_forward", None)
