@@ -63,6 +63,9 @@ PLUGIN_OPTIONS = {name: {option: None if option == "none" else yaml.safe_load(ya
 # options small enough to act on a 7-token input: a window that excludes keys, a global layer in the pattern
 ATTENTION_OPTIONS = {"sliding_window": {"window": 3, "layer_pattern": "LG"}, "performer": {"n_features": 8},
                      "linear": {"chunk_size": 4}}
+# muP's zeroed untied head passes no gradient upstream on the first backward (by design); every parameter is asked
+# for one here, so the head starts as the base model drew it
+PARAM_OPTIONS = {"mup": {"zero_readout": False}}
 IMAGE_SIZES = {"image_size": [4, 6], "patch_size": 2, "in_channels": 3}  # 2 x 3 patches + a class token: 7 tokens
 
 Combination = tuple[str, ...]  # one option per axis and field, in the order of OPTIONS
@@ -82,8 +85,9 @@ def chosen_plugins(combination: Combination, plugins: dict | None = None) -> dic
 def config(combination: Combination, plugins: dict | None = None, **fields) -> ModelConfig:
     """A small model of these options (and `plugins` besides), not yet validated."""
     chosen = {axis: option for axis, option in named(combination).items() if axis not in FIELDS}
-    kind, attention = chosen.pop("kind"), chosen.pop("attention")
-    values = dict(kind=kind, **chosen, plugins=chosen_plugins(combination, plugins), vocab_size=13, d_model=16,
+    kind, attention, param = chosen.pop("kind"), chosen.pop("attention"), chosen.pop("param")
+    values = dict(kind=kind, **chosen, param={"name": param, **PARAM_OPTIONS.get(param, {})},
+                  plugins=chosen_plugins(combination, plugins), vocab_size=13, d_model=16,
                   n_heads=2, n_layers=2, d_ff=32, max_seq_len=16,
                   dropout=0.1, n_classes=3,
                   attention={"name": attention, **ATTENTION_OPTIONS.get(attention, {})},

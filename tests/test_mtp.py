@@ -158,7 +158,8 @@ def test_what_it_cannot_take_is_refused(fields, match):
 def test_every_option_of_every_group_trains_with_it():
     """Each yaml of conf/<group>/ (one at a time, the rest default) of every axis and of every other plug-in that a
     decoder can take, with mtp=2: every parameter of the prediction modules learns."""
-    groups = {"norm": "norm", "norm_type": "norm_type", "pos": "pos", "ffn": "ffn", "attention": "attention"}
+    groups = {"norm": "norm", "norm_type": "norm_type", "pos": "pos", "ffn": "ffn", "attention": "attention",
+              "param": "param"}
     assert set(groups) == set(AXES)
     choices = [({"norm_type": "layernorm", axis: option}, None) for axis, group in groups.items()
                for option in sorted(p.stem for p in (CONF / group).glob("*.yaml"))]

@@ -466,7 +466,7 @@ def test_the_compare_block_is_typed_and_a_setting():
     assert check_schemas(cfg).groups["compare"].tune == ["optim.lr"]
     assert compare_block(cfg) == {"tune": ["optim.lr"], "baseline": "norm=pre model.n_layers=6",
                                   "metric": "test_long/acc", "detect": None, "sequential": False, "max_seeds": 10,
-                                  "seed_batch": 2}
+                                  "seed_batch": 2, "transfer": None}
     assert is_setting("compare.tune") and not is_setting("optim.lr")
 
 

@@ -87,7 +87,7 @@ def test_single_run_writes_its_directory(tmp_path):
     assert res["status"] == "completed" and res["steps"] == 20 and res["world_size"] == 1
     assert res["task_family"] == "synthetic"  # reversal; compare.py's defaults follow it
     assert res["compare"] == {"tune": [], "baseline": None, "metric": None, "detect": None, "sequential": False,
-                              "max_seeds": 10, "seed_batch": 2}  # train.yaml's compare: block
+                              "max_seeds": 10, "seed_batch": 2, "transfer": None}  # train.yaml's compare: block
     assert res["budget"] is None and res["budgets"] is None  # no budget.flops/tokens, no schedule.branches
     assert set(res["val"]) == METRICS | {"decoded_exact_match", "bleu"} and set(res["test"]) == METRICS
     assert set(res["choices"]) == GROUPS
