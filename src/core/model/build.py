@@ -30,7 +30,7 @@ from archsweep.variants.model import KIND
 from archsweep.variants.norm import NORM
 from archsweep.variants.norm_type import build_norm
 from archsweep.variants.param import PARAM
-from archsweep.variants.param.base import Parametrisation, Widths, fans
+from archsweep.variants.param.base import ForwardScales, Parametrisation, Widths, fans
 from archsweep.variants.plugins import PLUGIN
 from archsweep.variants.plugins.base import AttentionPlugin, ModelPlugin, OutputPlugin, OutputPlugins
 from archsweep.variants.pos import POS
@@ -139,6 +139,13 @@ def base_config(cfg: ModelConfig) -> ModelConfig | None:
     return dataclasses.replace(cfg, param=PARAM.default, **param.base_sizes(cfg.sizes())).validate()
 
 
+def forward_scales(cfg: ModelConfig) -> ForwardScales:
+    """The width-dependent forward constants of `cfg`'s parametrisation at its width (every one 1 under one that does
+    not transfer)."""
+    base = base_config(cfg)
+    return ForwardScales() if base is None else parametrisation(cfg).forward_scales(cfg.sizes(), base.sizes())
+
+
 def parameter_widths(model: nn.Module) -> dict[str, tuple[str | None, Widths]]:
     """{parameter name: (role, its Widths against the base model)} for a model built with a width-transferring
     parametrisation (its `config`), empty otherwise. Roles must be declared for every parameter (`roles.py`); the
@@ -182,7 +189,7 @@ def parametrise(model: nn.Module) -> None:
                 actual, target = p.float().std(), base_params[name].float().std()
                 if actual > 0 and target > 0:
                     p.mul_(target * factor / actual)
-    scales = param.forward_scales(cfg.sizes(), base_cfg.sizes())
+    scales = forward_scales(cfg)
     for module in model.modules():
         hook = getattr(module, "scale_forward", None)
         if callable(hook):

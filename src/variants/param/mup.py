@@ -17,7 +17,8 @@ An untied output head (role head) starts at zero (`zero_readout`, the default, a
 the `mup` package recommend): its initial logits would vanish with the width anyway, and a classifier's initial
 logits at the base width are otherwise what its first updates spend their change on cancelling (the coordinate check
 measured a ViT classifier's change shrinking 1.8x from d_model 64 to 512 after 4 steps, 2.2x after 12, while its
-output after training held within 1.1x). With `zero_readout=false` the model at the base width is the standard one exactly.
+output after training held within 1.1x). With `zero_readout=false` the model at the base width is the standard
+one exactly.
 
 A matrix is a parameter of role hidden, hidden_out, expert, head or router. Readouts: an untied head, a gate per
 head, a projection to a fixed-rank latent; a patch projection widens only its fan-out. A router (an MoE's) starts
@@ -32,9 +33,9 @@ that product grow with the width (the coordinate check shows it on a headwise at
 The forward pass: attention scores sqrt(base head_dim) / head_dim instead of 1 / sqrt(head_dim); a head tied to
 the input embedding multiplies its logits by base_width / d_model (the untied head's 1 / m_in is in its init and
 rate, an equivalent form); a sqrt(d_model) embedding factor stays at sqrt(base_width). At the base width every
-factor is 1 and the model is the standard one (but for a zeroed untied head, below). Adam's epsilon is not scaled (1e-9 here, far below the gradients'
-root mean square at these widths), and decoupled weight decay follows the scaled rate as in the authors' `mup`
-package.
+factor is 1 and the model is the standard one (but for a zeroed untied head, above). Adam's epsilon is not scaled
+(1e-9 here, far below the gradients' root mean square at these widths), and decoupled weight decay follows the
+scaled rate as in the authors' `mup` package.
 """
 
 from __future__ import annotations

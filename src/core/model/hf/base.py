@@ -45,12 +45,11 @@ def fold_parametrisation(cfg: ModelConfig, ours: Weights) -> tuple[ModelConfig, 
     every fused self-attention projection (rotary is linear, so rotating the scaled queries is the same), or a
     QK-norm's query gain where one normalises them first; a tied head's logit factor becomes an untied head (the
     embedding times the factor). The embedding factor needs scale_embedding, which the layouts refuse anyway."""
-    from archsweep.core.model.build import base_config, parametrisation
+    from archsweep.core.model.build import base_config, forward_scales
 
-    base = base_config(cfg)
-    if base is None:
+    if base_config(cfg) is None:
         return cfg, ours
-    scales = parametrisation(cfg).forward_scales(cfg.sizes(), base.sizes())
+    scales = forward_scales(cfg)
     out, rows = dict(ours), cfg.n_heads * cfg.head_dim
     if scales.scores != 1.0:
         for key, value in ours.items():
@@ -72,12 +71,11 @@ def fold_parametrisation(cfg: ModelConfig, ours: Weights) -> tuple[ModelConfig, 
 def folded_config(cfg: ModelConfig) -> ModelConfig:
     """The standard-parametrisation config `fold_parametrisation` exports `cfg` as (an untied head where a tied
     one has a logit factor); `cfg` itself under the standard parametrisation."""
-    from archsweep.core.model.build import base_config, parametrisation
+    from archsweep.core.model.build import base_config, forward_scales
 
-    base = base_config(cfg)
-    if base is None:
+    if base_config(cfg) is None:
         return cfg
-    tied = cfg.tie_embeddings and parametrisation(cfg).forward_scales(cfg.sizes(), base.sizes()).logits == 1.0
+    tied = cfg.tie_embeddings and forward_scales(cfg).logits == 1.0
     return dataclasses.replace(cfg, param="sp", tie_embeddings=tied).validate()
 
 

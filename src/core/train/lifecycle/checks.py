@@ -145,20 +145,13 @@ def model_config(cfg: DictConfig, task: Task, overrides: list[str] | tuple[str, 
 def check_standard_weights(model_cfg: ModelConfig, folder: str) -> None:
     """A Hugging Face folder holds a standard-parametrisation model: a parametrisation whose forward constants are
     not 1 at this width would compute something else with its weights."""
-    if not _unit_scales(model_cfg):
+    from archsweep.core.model.build import forward_scales
+    from archsweep.variants.param.base import ForwardScales
+
+    if forward_scales(model_cfg) != ForwardScales():
         raise ValueError(f"model.init_from={folder} holds a standard-parametrisation model, and param="
                          f"{model_cfg.choice('param')} at d_model={model_cfg.d_model} would scale its forward pass; "
                          f"set model.param.base_width={model_cfg.d_model} (the folder's width) or param=sp")
-
-
-def _unit_scales(model_cfg: ModelConfig) -> bool:
-    from archsweep.core.model.build import base_config, parametrisation
-
-    base = base_config(model_cfg)
-    if base is None:
-        return True
-    scales = parametrisation(model_cfg).forward_scales(model_cfg.sizes(), base.sizes())
-    return scales.scores == scales.logits == scales.embedding == 1.0
 
 
 def check_exportable(model_cfg: ModelConfig) -> None:
